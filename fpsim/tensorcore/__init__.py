@@ -1,0 +1,1 @@
+"""Tensor-core models: block-FMA dot products as NVIDIA GPUs compute them."""
