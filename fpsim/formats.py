@@ -1,0 +1,321 @@
+"""Floating-point formats: the `Format` description and the named presets.
+
+This is the ground floor of fpsim: it imports nothing else of the package.
+A format is a binary layout (sign bit, `exp_bits`, `man_bits`, `bias`) plus
+the rules for its special codes (infinities, NaN encoding, subnormals, zero).
+Every derived property (max, min normal, ...) is computed exactly here, as
+Python numbers, so that the rounding engine, the codec and the exact oracle
+all stand on the same definitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+NAN_ENCODINGS = ("ieee", "fn", "fnuz", "none")
+"""How a format spells NaN.
+
+- ``ieee``: the all-ones exponent field is reserved: mantissa 0 is ±Inf, any
+  other mantissa is NaN (FP16, BF16, FP32, E5M2).
+- ``fn``: one NaN per sign, the all-ones code; the rest of the top binade is
+  finite and there is no Inf (OCP E4M3FN, E8M0).
+- ``fnuz``: the code of negative zero is the only NaN; no -0, no Inf.
+- ``none``: every code is a finite number (MX FP6 and FP4).
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """A binary floating-point format.
+
+    Values are ``(-1)^s * 2^(e - bias) * 1.m`` for exponent fields e >= 1 (and
+    e = 0 as well when the format has neither subnormals nor zero, as E8M0),
+    and ``(-1)^s * 2^(1 - bias) * 0.m`` for e = 0 when it has subnormals.
+    """
+
+    exp_bits: int
+    man_bits: int
+    bias: int | None = None
+    signed: bool = True
+    infinities: bool | None = None
+    nan: str = "ieee"
+    subnormals: bool = True
+    zero: bool = True
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.bias is None:
+            object.__setattr__(self, "bias", (1 << (self.exp_bits - 1)) - 1 if self.exp_bits > 0 else 0)
+        if self.infinities is None:
+            object.__setattr__(self, "infinities", self.nan == "ieee")
+        if self.name is None:
+            object.__setattr__(self, "name", self._default_name())
+        self._validate()
+
+    # ---------------------------------------------------------------- checks
+    def _validate(self) -> None:
+        def fail(why: str) -> None:
+            raise ValueError(f"impossible format {self._describe()}: {why}")
+
+        for field in ("exp_bits", "man_bits", "bias"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Format.{field} must be an int, got {value!r}")
+        for field in ("signed", "infinities", "subnormals", "zero"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(f"Format.{field} must be a bool, got {getattr(self, field)!r}")
+        if self.nan not in NAN_ENCODINGS:
+            raise ValueError(f"unknown NaN encoding {self.nan!r}; allowed: {', '.join(NAN_ENCODINGS)}")
+        if not 1 <= self.exp_bits <= 11:
+            fail(f"exp_bits={self.exp_bits} is outside 1..11 (values must fit binary64)")
+        if not 0 <= self.man_bits <= 52:
+            fail(f"man_bits={self.man_bits} is outside 0..52 (values must fit binary64)")
+        if self.infinities and self.nan != "ieee":
+            fail("infinities need the IEEE encoding (all-ones exponent, mantissa 0)")
+        if self.nan == "ieee" and not self.infinities:
+            fail("the IEEE NaN encoding reserves the all-ones exponent for Inf and NaN; "
+                 "use nan='fn' for a format without infinities")
+        if self.nan == "ieee" and self.exp_bits < 2:
+            fail("the IEEE encoding needs at least 2 exponent bits (one binade would be all special)")
+        if self.nan == "ieee" and self.man_bits == 0:
+            fail("the IEEE encoding needs a mantissa bit to tell NaN from Inf")
+        if self.nan == "fnuz" and not self.signed:
+            fail("the fnuz NaN is the negative-zero code, which an unsigned format lacks")
+        if self.nan == "fnuz" and not self.zero:
+            fail("the fnuz NaN is the negative-zero code, which needs a zero")
+        if self.subnormals and not self.zero:
+            fail("a format with subnormals has a zero (exponent and mantissa fields 0)")
+        if self.subnormals and self.man_bits == 0:
+            fail("subnormals need at least one mantissa bit")
+        if self.emax < self.emin:
+            fail("it has no finite nonzero value")
+        if self.max > _FP64_MAX or self.min_subnormal < _FP64_MIN_SUBNORMAL:
+            fail(f"its range ({float(self.min_subnormal) if self.min_subnormal >= _FP64_MIN_SUBNORMAL else 0.0:g}"
+                 f" .. {float(self.max) if self.max <= _FP64_MAX else 'inf'}) does not fit binary64")
+
+    def _describe(self) -> str:
+        return (f"Format(exp_bits={self.exp_bits}, man_bits={self.man_bits}, bias={self.bias}, "
+                f"signed={self.signed}, infinities={self.infinities}, nan={self.nan!r}, "
+                f"subnormals={self.subnormals}, zero={self.zero})")
+
+    def _default_name(self) -> str:
+        tail = {"ieee": "", "fn": "fn", "fnuz": "fnuz", "none": "fn"}[self.nan]
+        unsigned = "" if self.signed else "u"
+        return f"e{self.exp_bits}m{self.man_bits}{tail}{unsigned}_b{self.bias}"
+
+    # ------------------------------------------------------------ structure
+    @property
+    def bits(self) -> int:
+        """Total width of a code."""
+        return int(self.signed) + self.exp_bits + self.man_bits
+
+    @property
+    def precision(self) -> int:
+        """Significand bits, the implicit one included."""
+        return self.man_bits + 1
+
+    @property
+    def max_exp_field(self) -> int:
+        """Largest exponent field that encodes finite values."""
+        top = (1 << self.exp_bits) - 1
+        if self.nan == "ieee":
+            return top - 1
+        if self.nan == "fn" and self.man_bits == 0:
+            return top - 1  # the all-ones code is the exponent field's only code
+        return top
+
+    @property
+    def min_exp_field(self) -> int:
+        """Smallest exponent field that encodes normal values."""
+        return 1 if self.zero else 0
+
+    @property
+    def emax(self) -> int:
+        """Unbiased exponent of the largest binade."""
+        return self.max_exp_field - self.bias
+
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal binade."""
+        return self.min_exp_field - self.bias
+
+    @property
+    def max_significand(self) -> int:
+        """Largest integral significand (with implicit bit) in the top binade."""
+        full = (1 << (self.man_bits + 1)) - 1
+        if self.nan == "fn" and self.man_bits > 0:
+            return full - 1  # the all-ones mantissa of the top binade is NaN
+        return full
+
+    # ---------------------------------------------------------------- values
+    @property
+    def max(self) -> Fraction:
+        """Largest finite value."""
+        return Fraction(self.max_significand) * _pow2(self.emax - self.man_bits)
+
+    @property
+    def min_normal(self) -> Fraction:
+        """Smallest positive normal value."""
+        return _pow2(self.emin)
+
+    @property
+    def min_subnormal(self) -> Fraction:
+        """Smallest positive value (the min normal when there are no subnormals)."""
+        return _pow2(self.emin - self.man_bits) if self.subnormals else self.min_normal
+
+    @property
+    def eps(self) -> Fraction:
+        """Machine epsilon: the gap between 1 and the next larger value."""
+        return _pow2(-self.man_bits)
+
+    @property
+    def normal_binades(self) -> int:
+        """Number of binades [2^e, 2^(e+1)) holding normal values."""
+        return self.emax - self.emin + 1
+
+    @property
+    def subnormal_binades(self) -> int:
+        """Number of binades holding subnormal values."""
+        return self.man_bits if self.subnormals else 0
+
+    @property
+    def binades(self) -> int:
+        """All binades with a nonzero finite value: log2(max / min_subnormal), rounded up."""
+        return self.normal_binades + self.subnormal_binades
+
+    @property
+    def has_nan(self) -> bool:
+        return self.nan != "none"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.signed and self.zero and self.nan != "fnuz"
+
+    # ------------------------------------------------------------- relations
+    def contains(self, other: "Format") -> bool:
+        """True when every finite value of `other` (signed zeros included) is a value of this format."""
+        if other.max > self.max or other.min_subnormal < self.min_subnormal:
+            return False
+        if (other.signed and not self.signed) or (other.zero and not self.zero):
+            return False
+        if other.has_negative_zero and not self.has_negative_zero:
+            return False
+        # At every magnitude 2^e that `other` covers, its spacing must be a
+        # multiple of ours.
+        lowest = other.emin - (other.man_bits if other.subnormals else 0)
+        return all(
+            max(e, other.emin) - other.man_bits >= max(e, self.emin) - self.man_bits
+            for e in range(lowest, other.emax + 1)
+        )
+
+    # ------------------------------------------------------------- bindings
+    @property
+    def ml_dtype(self):
+        """The numpy/ml_dtypes scalar type with exactly this encoding, or None."""
+        return _native_dtype(self, "numpy")
+
+    @property
+    def torch_dtype(self):
+        """The torch dtype with exactly this encoding, or None."""
+        return _native_dtype(self, "torch")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_FP64_MAX = Fraction(2**1024 - 2**971)
+_FP64_MIN_SUBNORMAL = Fraction(1, 2**1074)
+
+
+def _pow2(e: int) -> Fraction:
+    return Fraction(2) ** e
+
+
+def _layout(fmt: Format) -> tuple:
+    return (fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.signed, fmt.infinities,
+            fmt.nan, fmt.subnormals, fmt.zero)
+
+
+# --------------------------------------------------------------------- presets
+PRESETS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format(11, 52, name="fp64"),
+        Format(8, 23, name="fp32"),
+        Format(8, 10, name="tf32"),
+        Format(5, 10, name="fp16"),
+        Format(8, 7, name="bf16"),
+        Format(4, 3, nan="fn", name="e4m3"),
+        Format(5, 2, name="e5m2"),
+        Format(4, 3, bias=8, nan="fnuz", name="e4m3fnuz"),
+        Format(5, 2, bias=16, nan="fnuz", name="e5m2fnuz"),
+        Format(3, 2, nan="none", name="e3m2"),
+        Format(2, 3, nan="none", name="e2m3"),
+        Format(2, 1, nan="none", name="e2m1"),
+        Format(8, 0, bias=127, signed=False, nan="fn", subnormals=False, zero=False, name="e8m0"),
+    )
+}
+
+ALIASES: dict[str, str] = {
+    "float64": "fp64", "double": "fp64", "binary64": "fp64",
+    "float32": "fp32", "float": "fp32", "single": "fp32", "binary32": "fp32",
+    "tensorfloat32": "tf32",
+    "float16": "fp16", "half": "fp16", "binary16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "e4m3", "e4m3fn": "e4m3", "fp8_e4m3": "e4m3", "fp8e4m3": "e4m3",
+    "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2", "fp8e5m2": "e5m2",
+    "float8_e4m3fnuz": "e4m3fnuz", "float8_e5m2fnuz": "e5m2fnuz",
+    "float6_e3m2fn": "e3m2", "e3m2fn": "e3m2", "fp6_e3m2": "e3m2",
+    "float6_e2m3fn": "e2m3", "e2m3fn": "e2m3", "fp6_e2m3": "e2m3",
+    "float4_e2m1fn": "e2m1", "e2m1fn": "e2m1", "fp4_e2m1": "e2m1", "fp4": "e2m1",
+    "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0",
+}
+
+
+def format(name: "str | Format") -> Format:  # noqa: A001 - the public API name
+    """Look up a format by preset name or alias (case-insensitive); a Format passes through."""
+    if isinstance(name, Format):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"a format is a name or a fpsim.Format, got {type(name).__name__} {name!r}")
+    key = name.strip().lower().replace("-", "_")
+    key = key.removeprefix("torch.").removeprefix("ml_dtypes.").removeprefix("np.").removeprefix("numpy.")
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    raise ValueError(f"unknown format {name!r}; allowed: {', '.join(PRESETS)} "
+                     f"(aliases: {', '.join(sorted(ALIASES))})")
+
+
+# -------------------------------------------------------------- native dtypes
+_NATIVE_NAMES = {
+    "fp64": ("float64", "float64"), "fp32": ("float32", "float32"),
+    "fp16": ("float16", "float16"), "bf16": ("bfloat16", "bfloat16"),
+    "e4m3": ("float8_e4m3fn", "float8_e4m3fn"), "e5m2": ("float8_e5m2", "float8_e5m2"),
+    "e4m3fnuz": ("float8_e4m3fnuz", "float8_e4m3fnuz"),
+    "e5m2fnuz": ("float8_e5m2fnuz", "float8_e5m2fnuz"),
+    "e3m2": ("float6_e3m2fn", None), "e2m3": ("float6_e2m3fn", None),
+    "e2m1": ("float4_e2m1fn", None), "e8m0": ("float8_e8m0fnu", "float8_e8m0fnu"),
+}
+
+
+def _native_dtype(fmt: Format, library: str):
+    for preset_name, names in _NATIVE_NAMES.items():
+        if _layout(PRESETS[preset_name]) != _layout(fmt):
+            continue
+        attr = names[0] if library == "numpy" else names[1]
+        if attr is None:
+            return None
+        try:
+            if library == "torch":
+                import torch
+                return getattr(torch, attr, None)
+            import numpy
+            if hasattr(numpy, attr) and attr in ("float64", "float32", "float16"):
+                return getattr(numpy, attr)
+            import ml_dtypes
+            return getattr(ml_dtypes, attr, None)
+        except ImportError:
+            return None
+    return None
