@@ -1,1 +1,20 @@
-"""fpsim: a bit-exact simulator of floating-point formats for mixed-precision training."""
+"""fpsim: a bit-exact simulator of floating-point formats for mixed-precision training.
+
+The public API (see README.md and docs/):
+
+    fmt = fpsim.format("e4m3")
+    y = fpsim.quantize(x, "e4m3", rounding="nearest_even", saturate=False, seed=None)
+    codes = fpsim.encode(x, "bf16"); values = fpsim.decode(codes, "bf16")
+"""
+
+from .codec import decode, encode
+from .exact import ROUNDING_MODES
+from .formats import ALIASES, PRESETS, Format, format
+from .rounding import quantize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "decode", "encode", "format", "quantize",
+    "__version__",
+]

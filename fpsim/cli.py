@@ -1,0 +1,128 @@
+"""The `fpsim` command: the only place that parses arguments or prints for humans."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from fractions import Fraction
+
+from . import exact
+from .formats import ALIASES, PRESETS, Format, format as get_format
+
+
+def _fmt_number(value) -> str:
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    return f"{value:.8g}"
+
+
+def cmd_formats(args) -> int:
+    """Print every preset with its range and precision."""
+    header = ("name", "bits", "E", "M", "bias", "max", "min normal", "min subnormal", "epsilon",
+              "binades", "Inf", "NaN")
+    rows = []
+    for fmt in PRESETS.values():
+        rows.append((fmt.name, str(fmt.bits), str(fmt.exp_bits), str(fmt.man_bits), str(fmt.bias),
+                     _fmt_number(fmt.max), _fmt_number(fmt.min_normal), _fmt_number(fmt.min_subnormal),
+                     _fmt_number(fmt.eps), f"{fmt.normal_binades}+{fmt.subnormal_binades}",
+                     "yes" if fmt.infinities else "no", fmt.nan))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print("\nbinades: normal+subnormal. NaN encodings: ieee (all-ones exponent), fn (all-ones code),")
+    print("fnuz (the negative-zero code), none. Aliases: " + ", ".join(sorted(ALIASES)))
+    return 0
+
+
+def _parse_value(text: str):
+    """The exact value a user typed: a decimal or fraction string, or inf/nan."""
+    lowered = text.strip().lower()
+    if lowered in ("inf", "+inf", "infinity", "-inf", "-infinity", "nan", "-nan", "+nan"):
+        return float(lowered)
+    if lowered in ("-0", "-0.0"):
+        return -0.0
+    try:
+        return Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"cannot read {text!r} as a number (decimal like 0.1 or 1e-5, a fraction "
+                         f"like 1/3, inf or nan)") from None
+
+
+def _bits_string(code: int, fmt: Format) -> str:
+    text = format(code, f"0{fmt.bits}b")
+    parts = []
+    if fmt.signed:
+        parts.append(text[0])
+        text = text[1:]
+    parts.append(text[:fmt.exp_bits])
+    if fmt.man_bits:
+        parts.append(text[fmt.exp_bits:])
+    return " ".join(parts) + f"  (0x{code:0{(fmt.bits + 3) // 4}x})"
+
+
+def cmd_cast(args) -> int:
+    """Round typed values into formats and show the result, its bits and its neighbours."""
+    formats = [get_format(name) for name in args.to.split(",")]
+    exact.check_rounding(args.rounding)
+    for text in args.values:
+        value = _parse_value(text)
+        for fmt in formats:
+            result = exact.round_value(value, fmt, args.rounding, args.saturate,
+                                       random_fraction=Fraction(1, 2) if args.rounding == "stochastic" else None)
+            print(f"input       {text}")
+            print(f"format      {fmt.name} ({fmt.bits} bits: {int(fmt.signed)} sign, {fmt.exp_bits} exponent, "
+                  f"{fmt.man_bits} mantissa, bias {fmt.bias})")
+            print(f"rounding    {args.rounding}{', saturating' if args.saturate else ''}"
+                  + (" (one draw, u = 1/2)" if args.rounding == "stochastic" else ""))
+            print(f"result      {_fmt_number(result) if result == result else 'nan'}")
+            try:
+                print(f"bits        {_bits_string(exact.encode_value(result, fmt), fmt)}")
+            except ValueError as err:
+                print(f"bits        none: {err}")
+            if isinstance(value, Fraction) and value != 0:
+                low, high = exact.neighbours(fmt, abs(value))
+                if value < 0:
+                    low, high = -high, -low
+                if low == high:
+                    print(f"neighbours  {_fmt_number(low)} is exactly representable")
+                else:
+                    shown_high = _fmt_number(high) if abs(high) <= fmt.max else f"{_fmt_number(high)} (beyond max)"
+                    print(f"neighbours  {_fmt_number(low)} < {text} < {shown_high}")
+                if result == result and abs(result) != float("inf"):
+                    error = (Fraction(result) - value) / value
+                    print(f"rel. error  {float(error):+.4e}")
+            print()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("formats", help="table of every preset format")
+    p.set_defaults(func=cmd_formats)
+
+    p = sub.add_parser("cast", help="round values into formats and show bits and neighbours")
+    p.add_argument("values", nargs="+", help="numbers as typed: 0.1, -3e-5, 1/3, inf, nan")
+    p.add_argument("--to", required=True, help="format name(s), comma-separated (e.g. e4m3,bf16)")
+    p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(exact.ROUNDING_MODES)}")
+    p.add_argument("--saturate", action="store_true", help="clamp overflow to ±max")
+    p.set_defaults(func=cmd_cast)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"fpsim {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
