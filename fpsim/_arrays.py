@@ -151,6 +151,15 @@ class Ops:
             x = np.maximum(x, lo)
         return x if hi is None else np.minimum(x, hi)
 
+    def maximum(self, x, y):
+        """Elementwise max of an array and an array or scalar."""
+        if self.torch:
+            return _torch.clamp(x, min=y) if not isinstance(y, _torch.Tensor) else _torch.maximum(x, y)
+        return np.maximum(x, y)
+
+    def trunc(self, x):
+        return _torch.trunc(x) if self.torch else np.trunc(x)
+
     def shift_left(self, one: int, shifts):
         if self.torch:
             return _torch.bitwise_left_shift(_torch.full_like(shifts, one), shifts)

@@ -1,0 +1,212 @@
+"""TensorCore: dot and matrix products as a GPU's tensor cores compute them.
+
+    tc = fpsim.TensorCore("h100", inputs="e4m3", output="fp32")
+    d = tc.dot(a, b, c)          # a, b: (..., K); c: (...)
+    D = tc.matmul(A, B, C=None)  # (M, K) @ (K, N) + (M, N)
+
+The products are chained through block FMAs (see `blockfma`), in k order.
+Beyond one instruction, libraries choose how partial sums meet; these are
+parameters too:
+
+* ``split_k=S``: K is cut into S contiguous slices, each accumulated by the
+  tensor core from zero (the first from C), and the S partial results are
+  added in binary32 (round to nearest) at the end, as split-K GEMMs do;
+* ``promote_every=N``: every N products the tensor core's partial result is
+  added into a binary32 accumulator on the CUDA cores (round to nearest):
+  the FP8 remedy of DeepSeek-V3 (N = 128) and CUTLASS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _arrays
+from ..formats import PRESETS, Format, format as get_format
+from ..rounding import quantize
+from . import devices
+from .blockfma import BlockFMA, alignment_powers, block_step
+
+_FP32 = PRESETS["fp32"]
+
+
+class TensorCore:
+    """A model of one GPU's tensor cores for one input format and one output format.
+
+    device: product or generation name ("h100", "a100", "hopper", ...).
+    inputs: "fp16", "bf16", "tf32", "e4m3" or "e5m2"; output: "fp32" or "fp16".
+    round_inputs: None refuses inputs (and C) that are not exactly values of
+        their formats; a rounding mode name rounds them first.
+    split_k, promote_every: accumulation beyond one instruction (module doc).
+    overrides: any BlockFMA field (block_size, extra_bits, rounding, ...), to
+        explore a hypothetical device.
+    """
+
+    def __init__(self, device: str = "h100", inputs: str = "fp16", output: str = "fp32", *,
+                 round_inputs: str | None = None, split_k: int = 1, promote_every: int | None = None,
+                 **overrides):
+        self.device = device
+        self.inputs: Format = get_format(inputs)
+        self.output: Format = get_format(output)
+        self.params: BlockFMA = devices.parameters(device, self.inputs.name, self.output.name, **overrides)
+        if round_inputs is not None:
+            from ..exact import check_rounding
+
+            check_rounding(round_inputs)
+        self.round_inputs = round_inputs
+        if not isinstance(split_k, int) or split_k < 1:
+            raise ValueError(f"split_k must be a positive int, got {split_k!r}")
+        if promote_every is not None and (not isinstance(promote_every, int) or promote_every < 1
+                                          or promote_every % self.params.block_size):
+            raise ValueError(f"promote_every must be a positive multiple of the block size "
+                             f"{self.params.block_size}, got {promote_every!r}")
+        if promote_every is not None and split_k > 1:
+            raise ValueError("choose split_k or promote_every, not both")
+        self.split_k = split_k
+        self.promote_every = promote_every
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.split_k > 1:
+            extra += f", split_k={self.split_k}"
+        if self.promote_every:
+            extra += f", promote_every={self.promote_every}"
+        return (f"TensorCore({self.device!r}, inputs={self.inputs.name!r}, output={self.output.name!r}{extra}; "
+                f"{self.params})")
+
+    # ----------------------------------------------------------------- API
+    def dot(self, a, b, c=None):
+        """d[...] = sum_k a[..., k] * b[..., k] + c[...], computed as the tensor core does."""
+        ops = _arrays.Ops(a)
+        a64 = self._checked(a, self.inputs, "a", ops)
+        b64 = self._checked(b, self.inputs, "b", ops)
+        if tuple(a64.shape) != tuple(b64.shape):
+            raise ValueError(f"a and b must have the same shape, got {tuple(a64.shape)} and {tuple(b64.shape)}")
+        if a64.ndim == 0:
+            raise ValueError("a and b need a last axis (K)")
+        batch = tuple(a64.shape[:-1])
+        c64 = self._c_values(c, batch, ops, a64)
+        out = self._accumulate(lambda lo, hi: (a64[..., lo:hi] * b64[..., lo:hi],
+                                               self._powers(a64[..., lo:hi], ops) * self._powers(b64[..., lo:hi], ops)),
+                               a64.shape[-1], c64, ops)
+        return self._result(out, ops)
+
+    def matmul(self, A, B, C=None):
+        """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does."""
+        ops = _arrays.Ops(A)
+        a64 = self._checked(A, self.inputs, "A", ops)
+        b64 = self._checked(B, self.inputs, "B", ops)
+        if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
+            raise ValueError(f"matmul needs A (M, K) and B (K, N), got {tuple(a64.shape)} and {tuple(b64.shape)}")
+        M, K = a64.shape
+        N = b64.shape[1]
+        c64 = self._c_values(C, (M, N), ops, a64)
+        pa, pb = self._powers(a64, ops), self._powers(b64, ops)
+        bt, pbt = b64.T, pb.T
+
+        def products(lo, hi):
+            return (a64[:, None, lo:hi] * bt[None, :, lo:hi], pa[:, None, lo:hi] * pbt[None, :, lo:hi])
+
+        out = self._accumulate(products, K, c64, ops)
+        return self._result(out, ops)
+
+    # ------------------------------------------------------------ helpers
+    def _checked(self, x, fmt: Format, name: str, ops):
+        """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`."""
+        if ops.torch != _arrays.is_torch(x):
+            raise TypeError(f"{name} must be the same array type as the first operand (numpy or torch)")
+        array = x if ops.torch else np.asarray(x)
+        if self.round_inputs is not None:
+            array = quantize(array, fmt, self.round_inputs)
+        values = array.to(_arrays._torch.float64) if ops.torch else np.asarray(array, dtype=np.float64)
+        rounded = quantize(values, fmt, "nearest_even")
+        same = (rounded == values) | ((rounded != rounded) & (values != values))
+        if not bool(same.all()):
+            bad = np.argwhere(~(same.cpu().numpy() if ops.torch else same))[0]
+            value = float(values[tuple(bad)])
+            raise ValueError(f"{name}[{', '.join(map(str, bad))}] = {value!r} is not a {fmt.name} value; round the "
+                             f"inputs first (fpsim.quantize) or pass round_inputs='nearest_even'")
+        return values
+
+    def _c_values(self, c, shape, ops, like):
+        if c is None:
+            if ops.torch:
+                return _arrays._torch.zeros(shape, dtype=_arrays._torch.float64, device=like.device)
+            return np.zeros(shape, dtype=np.float64)
+        c64 = self._checked(c, self.output, "c", ops)
+        if tuple(c64.shape) != tuple(shape):
+            raise ValueError(f"c must have shape {tuple(shape)}, got {tuple(c64.shape)}")
+        return c64
+
+    def _powers(self, x, ops):
+        return alignment_powers(x, self.inputs, ops)
+
+    def _accumulate(self, products, K: int, c, ops):
+        """Chain blocks over k = 0..K-1 with the configured strategy; products(lo, hi) gives a slice."""
+        if self.promote_every:
+            total = c
+            for lo in range(0, K, self.promote_every):
+                partial = self._chain(products, lo, min(K, lo + self.promote_every), c * 0, ops)
+                total = _fp32_add(total, partial, ops)
+            return self._round_to_output(total, ops)
+        if self.split_k > 1:
+            F = self.params.block_size
+            blocks = -(-K // F)
+            per = -(-blocks // self.split_k) * F
+            partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else c * 0, ops)
+                        for lo in range(0, K, per)]
+            total = partials[0]
+            for partial in partials[1:]:
+                total = _fp32_add(total, partial, ops)
+            return self._round_to_output(total, ops)
+        return self._chain(products, 0, K, c, ops)
+
+    def _chain(self, products, lo: int, hi: int, c, ops):
+        F = self.params.block_size
+        d = c
+        for start in range(lo, hi, F):
+            p, powers = products(start, min(hi, start + F))
+            d = self._step(p, powers, d, ops)
+        return d
+
+    def _step(self, p, powers, c, ops):
+        """One block, with the IEEE special cases (NaN, Inf) settled first."""
+        finite = _all_finite(p, ops) and _all_finite(c, ops)
+        c_powers = alignment_powers(c, _FP32, ops)
+        if finite:
+            return block_step(p, powers, c, c_powers, self.params, ops)
+        p_clean = ops.where(_isfinite(p, ops), p, 0.0)
+        powers_clean = ops.where(_isfinite(p, ops), powers, 0.0)
+        c_clean = ops.where(_isfinite(c, ops), c, 0.0)
+        d = block_step(p_clean, powers_clean, c_clean, ops.where(_isfinite(c, ops), c_powers, 0.0), self.params, ops)
+        return _specials(p, c, d, ops)
+
+    def _round_to_output(self, total, ops):
+        return quantize(total, self.output, "nearest_even") if self.output.name != "fp32" else total
+
+    def _result(self, out, ops):
+        if ops.torch:
+            return out.to(self.output.torch_dtype)
+        return out.astype(self.output.ml_dtype)
+
+
+def _isfinite(x, ops):
+    return _arrays._torch.isfinite(x) if ops.torch else np.isfinite(x)
+
+
+def _all_finite(x, ops) -> bool:
+    return bool(_isfinite(x, ops).all())
+
+
+def _specials(p, c, d, ops):
+    """IEEE rules for a block with NaN or Inf among its products or c."""
+    isnan = (p != p).any(-1) | (c != c)
+    pos = (p == float("inf")).any(-1) | (c == float("inf"))
+    neg = (p == float("-inf")).any(-1) | (c == float("-inf"))
+    d = ops.where(pos, float("inf"), d)
+    d = ops.where(neg, float("-inf"), d)
+    return ops.where(isnan | (pos & neg), float("nan"), d)
+
+
+def _fp32_add(x, y, ops):
+    """x + y rounded to binary32 (nearest even), from float64 holding binary32 values (exact sum)."""
+    return quantize(x + y, _FP32, "nearest_even")
