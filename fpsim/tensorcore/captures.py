@@ -28,9 +28,7 @@ exactly. :func:`load_capture` checks all of this and says what is wrong.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import io
 import json
 import math
 import os
@@ -378,6 +376,7 @@ def save_capture(capture: Capture, path) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez_compressed(f, **arrays)
+        os.chmod(tmp, 0o644)            # mkstemp makes 0600; a capture is ordinary data
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -546,6 +545,11 @@ def upstream_case_rules(gpu: str, inputs: str, output: str) -> dict:
     Returns {"c": "fp32" | "fp16" | "zero", "c_format": ..., "why": str}.
     """
     fp8 = inputs in ("e4m3", "e5m2")
+    if output == "fp16" and fp8:
+        return {"c": "fp16", "c_format": "fp16",
+                "why": "FP8 inputs with fp16 output: c holds the file's c rounded to binary16 "
+                       "(nearest-even), the better supported but not certain reading of the "
+                       "data (see below)"}
     if output == "fp16":
         return {"c": "fp16", "c_format": "fp16",
                 "why": "fp16 output: the accumulator is binary16, so c was rounded to binary16 "
@@ -616,3 +620,28 @@ def describe(capture: Capture) -> str:
         lines.append(f"  {m['name']}: {m['kind']} {m['level']} {m['inputs']}->{m['output']} "
                      f"k={m['k']} rows={c.rows}")
     return "\n".join(lines)
+
+
+def _main(argv=None) -> int:
+    """``python -m fpsim.tensorcore.captures FILE...``: validate and summarise."""
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    status = 0
+    for p in paths:
+        try:
+            cap = load_capture(p)
+        except ValueError as e:
+            print(f"{p}: INVALID: {e}")
+            status = 1
+            continue
+        print(f"{p}: {describe(cap)}")
+        for f in cap.meta.get("failures", []):
+            print(f"  failure {f.get('case')}: {str(f.get('error')).splitlines()[0]}")
+        for s in cap.meta.get("skipped", []):
+            print(f"  skipped {s.get('case')}: {s.get('reason')}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

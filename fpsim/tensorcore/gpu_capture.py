@@ -35,8 +35,6 @@ accumulator format) instead of a GPU: that is how the host code is tested.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import shutil
 import subprocess
@@ -44,7 +42,7 @@ import sys
 import tempfile
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +53,11 @@ from .captures import (Capture, CaptureCase, f32_bits, is_representable, load_ca
 from .probes import concat, probe_rows, random_rows, round_to_format
 
 ALL_FORMATS = ("fp16", "bf16", "tf32", "e4m3", "e5m2")
-GROUPS = ("mma", "wgmma", "library")
+GROUPS = ("mma", "library", "wgmma")       # the riskiest group last
 LAYOUT_TILES = 4          # full random-integer tiles per case for the self-check
-GROUP_TIMEOUT_S = 240     # a group process that runs longer is stopped
+# seconds before a group's process is stopped; they add up to less than the
+# job's outer limit (tools/gpu_capture_job.sh), so a hang costs one group only
+GROUP_TIMEOUT_S = {"mma": 120, "library": 90, "wgmma": 70}
 
 
 # ---------------------------------------------------------------------------
@@ -221,15 +221,19 @@ class MmaSpec:
         return self.b.regs if self.group == "mma" else WGMMA_B_BYTES // 4
 
 
+PTX_TYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "tf32": "tf32",
+            "e4m3": "e4m3", "e5m2": "e5m2"}
+
+
 def _mma(kernel, inputs, k, acc, min_cc=(8, 0), notes=""):
-    d = {"fp32": "f32", "fp16": "f16"}[acc]
-    instr = f"mma.sync.aligned.m16n8k{k}.row.col.{d}.{inputs}.{inputs}.{d}"
+    d, t = PTX_TYPE[acc], PTX_TYPE[inputs]
+    instr = f"mma.sync.aligned.m16n8k{k}.row.col.{d}.{t}.{t}.{d}"
     return MmaSpec(kernel, "mma", inputs, k, acc, instr, min_cc, notes)
 
 
 def _wgmma(kernel, inputs, k, acc):
-    d = {"fp32": "f32", "fp16": "f16"}[acc]
-    instr = f"wgmma.mma_async.sync.aligned.m64n8k{k}.{d}.{inputs}.{inputs}"
+    d, t = PTX_TYPE[acc], PTX_TYPE[inputs]
+    instr = f"wgmma.mma_async.sync.aligned.m64n8k{k}.{d}.{t}.{t}"
     return MmaSpec(kernel, "wgmma", inputs, k, acc, instr, (9, 0),
                    "A from registers, B from shared memory (K-major, no swizzle), "
                    "one warpgroup per m64n8 tile; the path cuBLAS uses on Hopper")
@@ -610,6 +614,10 @@ def launch_shape(spec: MmaSpec, tiles: int) -> tuple:
     return tiles, 128
 
 
+TORCH_LAUNCH_DECL = ("void launch(std::string name, int64_t grid, int64_t block, torch::Tensor a, "
+                     "torch::Tensor b, torch::Tensor c, torch::Tensor d, int64_t tiles);")
+
+
 def torch_launcher_source(group: str) -> str:
     """The .cu source plus a host launcher for torch.utils.cpp_extension.load_inline."""
     specs = [s for s in MMA_SPECS if s.group == group]
@@ -648,7 +656,7 @@ class TorchLauncher:
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if cc == (9, 0) else "")
         flags = ["-DFPSIM_NO_FP8"] if cc < (8, 9) else []
         self.ext = load_inline(
-            name=f"fpsim_{group}_kernels", cpp_sources="",
+            name=f"fpsim_{group}_kernels", cpp_sources=TORCH_LAUNCH_DECL,
             cuda_sources=torch_launcher_source(group), functions=["launch"],
             extra_cuda_cflags=flags, verbose=False)
 
@@ -681,24 +689,18 @@ LIBRARY_KS = (64, 1024, 8192)
 LIBRARY_MN = 32
 
 
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
 def _library_inputs(rng, fmt: str, shape) -> np.ndarray:
     return round_to_format(rng.standard_normal(shape), fmt)
 
 
-def _matmul_case(name, inputs, output, k, call, flags, notes, a, b, d_bits, same_as=None,
-                 inputs_b=None):
-    meta = {"name": name, "kind": "matmul", "level": "library", "inputs": inputs,
-            "c_format": None, "output": output, "k": int(k), "instruction": call,
-            "flags": flags, "notes": notes}
-    if inputs_b and inputs_b != inputs:
-        meta["inputs_b"] = inputs_b
-    if same_as:
-        meta["same_inputs_as"] = same_as
-    return CaptureCase(meta, f32_bits(a), f32_bits(b), None, d_bits)
-
-
 def _torch_out_bits(t, output: str) -> np.ndarray:
-    """A CUDA result tensor -> binary32 bit patterns of its values."""
+    """A result tensor -> binary32 bit patterns of its values (exact widening)."""
     import torch
 
     if output == "fp32":
@@ -708,7 +710,7 @@ def _torch_out_bits(t, output: str) -> np.ndarray:
 
 
 class _Flags:
-    """Set torch backend flags for one call and restore them after."""
+    """Set torch.backends.cuda.matmul flags for one call and restore them after."""
 
     def __init__(self, torch, **flags):
         self.torch, self.flags, self.old = torch, flags, {}
@@ -726,97 +728,121 @@ class _Flags:
             setattr(m, key, value)
 
 
-def library_cases(seed: int, formats, log, ks=LIBRARY_KS, mn=LIBRARY_MN):
-    """Yield ("case", CaptureCase) or ("skip", {"case", "reason"}) for the torch calls."""
+@dataclass(frozen=True)
+class LibraryCall:
+    """One library-level case: a torch call on inputs of given formats."""
+
+    name: str
+    fa: str             # A's format
+    fb: str             # B's format
+    output: str
+    call: str           # what is recorded as the case's "instruction"
+    flags: dict
+    notes: str
+    optional: bool      # an API this torch may lack: a failure is a skip, not an error
+
+
+def library_calls(k: int, formats) -> list:
+    """The torch calls captured for one K, in order (cases sharing inputs adjacent)."""
+    calls = []
+    for fmt in ("fp16", "bf16"):
+        if fmt not in formats:
+            continue
+        flag = f"allow_{fmt}_reduced_precision_reduction"
+        for reduced in (False, True):
+            calls.append(LibraryCall(
+                f"torch_matmul_{fmt}_rr{int(reduced)}_k{k}", fmt, fmt, fmt, "torch.matmul",
+                {flag: reduced}, f"{fmt} inputs and output through cuBLAS", False))
+        calls.append(LibraryCall(
+            f"torch_mm_{fmt}_outfp32_k{k}", fmt, fmt, "fp32", "torch.mm(out_dtype=torch.float32)",
+            {}, f"{fmt} inputs, fp32 output", True))
+    if "tf32" in formats:
+        calls.append(LibraryCall(
+            f"torch_matmul_tf32_k{k}", "tf32", "tf32", "fp32",
+            "torch.matmul (float32 tensors, TF32 on)", {"tf32": True},
+            "inputs are tf32 values held in float32 tensors", False))
+    for fa, fb in (("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")):
+        if fa not in formats and fb not in formats:
+            continue
+        for out in ("fp32", "bf16"):
+            for fast in (False, True):
+                calls.append(LibraryCall(
+                    f"torch_scaled_mm_{fa}x{fb}_{out}_fast{int(fast)}_k{k}", fa, fb, out,
+                    "torch._scaled_mm", {"use_fast_accum": fast, "scale_a": 1.0, "scale_b": 1.0},
+                    "unit scales; B column-major", True))
+    return calls
+
+
+def _run_library_call(torch, c: LibraryCall, A, B, dev):
+    """The result tensor of one call (flags set for the call only)."""
+    if c.call == "torch._scaled_mm":
+        one = torch.ones((), device=dev, dtype=torch.float32)
+        odt = torch.float32 if c.output == "fp32" else torch.bfloat16
+        return torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=odt,
+                                use_fast_accum=c.flags["use_fast_accum"])
+    if c.call.startswith("torch.mm(out_dtype"):
+        return torch.mm(A, B, out_dtype=torch.float32)
+    with _Flags(torch, **_torch_flags(torch, c.flags)):
+        return torch.matmul(A, B)
+
+
+def _torch_flags(torch, flags: dict) -> dict:
+    """Our flag names -> torch.backends.cuda.matmul attributes."""
+    if flags.get("tf32"):
+        m = torch.backends.cuda.matmul
+        return {"fp32_precision": "tf32"} if hasattr(m, "fp32_precision") else {"allow_tf32": True}
+    return flags
+
+
+def library_cases(seed: int, formats, log, ks=LIBRARY_KS, mn=LIBRARY_MN, dev="cuda"):
+    """Yield ("case", CaptureCase), ("skip", {...}) or ("fail", {...}) per torch call.
+
+    ``dev="cpu"`` (used by --simulate) exercises the same code on torch's CPU
+    kernels; such cases are not tensor-core data.
+    """
     import torch
 
-    dev = "cuda"
     rng = np.random.default_rng(case_seed(seed, "library"))
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16,
            "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
-    def to_dev(x, fmt):
-        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dev)
-        return t if fmt == "tf32" else t.to(tdt[fmt])
+    def to_dev(x, fmt, column_major=False):
+        x = np.ascontiguousarray(x.T if column_major else x, dtype=np.float32)
+        t = torch.from_numpy(x).to(dev)
+        t = t if fmt == "tf32" else t.to(tdt[fmt])
+        return t.t() if column_major else t
 
     for k in ks:
-        for fmt in ("fp16", "bf16"):
-            if fmt not in formats:
-                continue
-            a = _library_inputs(rng, fmt, (mn, k))
-            b = _library_inputs(rng, fmt, (k, mn))
-            A, B = to_dev(a, fmt), to_dev(b, fmt)
-            first = None
-            flag = f"allow_{fmt}_reduced_precision_reduction"
-            for reduced in (False, True):
-                name = f"torch_matmul_{fmt}_rr{int(reduced)}_k{k}"
-                with _Flags(torch, **{flag: reduced}):
-                    d = torch.matmul(A, B)
-                torch.cuda.synchronize()
-                yield "case", _matmul_case(
-                    name, fmt, fmt, k, "torch.matmul", {flag: reduced},
-                    f"{fmt} inputs and output through cuBLAS; {mn}x{k} @ {k}x{mn}",
-                    a, b, _torch_out_bits(d, fmt), same_as=first)
-                first = first or name
-            name = f"torch_mm_{fmt}_outfp32_k{k}"
+        inputs = {}                              # (fa, fb) -> (a, b, A, B, first case name)
+        for c in library_calls(k, formats):
+            key = (c.fa, c.fb, c.call == "torch._scaled_mm")
+            if key not in inputs:
+                a = _library_inputs(rng, c.fa, (mn, k))
+                b = _library_inputs(rng, c.fb, (k, mn))
+                # _scaled_mm wants B column-major
+                inputs[key] = [a, b, to_dev(a, c.fa), to_dev(b, c.fb, key[2]), None]
+            a, b, A, B, first = inputs[key]
             try:
-                d = torch.mm(A, B, out_dtype=torch.float32)
-                torch.cuda.synchronize()
-            except (TypeError, RuntimeError) as e:
-                yield "skip", {"case": name, "reason": f"torch.mm(..., out_dtype=float32): {e}"}
+                d = _run_library_call(torch, c, A, B, dev)
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                d_bits = _torch_out_bits(d, c.output)
+            except Exception as e:  # noqa: BLE001 (an unsupported call or a failure)
+                what = "skip" if c.optional else "fail"
+                yield what, {"case": c.name, "reason": f"{c.call}: {_first_line(e)}"}
+                continue
+            meta = {"name": c.name, "kind": "matmul", "level": "library", "inputs": c.fa,
+                    "c_format": None, "output": c.output, "k": int(k), "instruction": c.call,
+                    "flags": dict(c.flags, **({"torch_flags": _torch_flags(torch, c.flags)}
+                                             if c.flags.get("tf32") else {})),
+                    "notes": f"{c.notes}; {mn}x{k} @ {k}x{mn}, d = a @ b (no c)"}
+            if c.fb != c.fa:
+                meta["inputs_b"] = c.fb
+            if first:
+                meta["same_inputs_as"] = first
             else:
-                yield "case", _matmul_case(
-                    name, fmt, "fp32", k, "torch.mm(out_dtype=torch.float32)", {},
-                    f"{fmt} inputs, fp32 output", a, b, _torch_out_bits(d, "fp32"), same_as=first)
-        if "tf32" in formats:
-            yield from _tf32_case(torch, rng, k, mn, to_dev, log)
-        for fa, fb in (("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")):
-            if fa in formats or fb in formats:
-                yield from _scaled_mm_cases(torch, rng, k, mn, fa, fb, tdt, dev)
-
-
-def _tf32_case(torch, rng, k, mn, to_dev, log):
-    a = _library_inputs(rng, "tf32", (mn, k))
-    b = _library_inputs(rng, "tf32", (k, mn))
-    A, B = to_dev(a, "tf32"), to_dev(b, "tf32")
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        flags = {"fp32_precision": "tf32"}
-    else:
-        flags = {"allow_tf32": True}
-    name = f"torch_matmul_tf32_k{k}"
-    with _Flags(torch, **flags):
-        d = torch.matmul(A, B)
-    torch.cuda.synchronize()
-    yield "case", _matmul_case(name, "tf32", "fp32", k, "torch.matmul (float32 tensors, TF32 on)",
-                               flags, "inputs are tf32 values held in float32 tensors", a, b,
-                               _torch_out_bits(d, "fp32"))
-
-
-def _scaled_mm_cases(torch, rng, k, mn, fa, fb, tdt, dev):
-    a = _library_inputs(rng, fa, (mn, k))
-    b = _library_inputs(rng, fb, (k, mn))
-    A = torch.from_numpy(a.astype(np.float32)).to(dev).to(tdt[fa])
-    # _scaled_mm wants B column-major
-    B = torch.from_numpy(np.ascontiguousarray(b.T, dtype=np.float32)).to(dev).to(tdt[fb]).t()
-    one = torch.ones((), device=dev, dtype=torch.float32)
-    first = None
-    for out, odt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        for fast in (False, True):
-            name = f"torch_scaled_mm_{fa}x{fb}_{out}_fast{int(fast)}_k{k}"
-            try:
-                d = torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=odt,
-                                     use_fast_accum=fast)
-                torch.cuda.synchronize()
-            except (RuntimeError, TypeError) as e:
-                yield "skip", {"case": name, "reason": f"torch._scaled_mm: {str(e).splitlines()[0]}"}
-                continue
-            yield "case", _matmul_case(
-                name, fa, out, k, "torch._scaled_mm", {"use_fast_accum": fast, "scale_a": 1.0,
-                                                       "scale_b": 1.0, "out_dtype": out},
-                "unit scales; B column-major", a, b, _torch_out_bits(d, out), same_as=first,
-                inputs_b=fb)
-            first = first or name
+                inputs[key][4] = c.name
+            yield "case", CaptureCase(meta, f32_bits(a), f32_bits(b), None, d_bits)
 
 
 # ---------------------------------------------------------------------------
@@ -874,6 +900,8 @@ class Log:
 
     def __init__(self, path: Path | None):
         self.path = path
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
@@ -903,19 +931,28 @@ def run_group(group: str, args, log) -> Capture:
     meta = new_meta(env.get("gpu", "numpy simulation" if args.simulate else "unknown"),
                     compute_capability=env.get("compute_capability"), driver=env.get("driver"),
                     cuda=env.get("cuda"), torch=env.get("torch"), seed=args.seed,
-                    source="fpsim.tensorcore.gpu_capture", licence="same as fpsim",
+                    source="fpsim.tensorcore.gpu_capture",
+                    licence="captured by the fpsim project; no third-party data",
                     environment=env, command=" ".join(sys.argv), skipped=[])
     capture = Capture(meta, [])
     if group == "library":
-        if args.simulate:
-            meta["skipped"].append({"case": "library", "reason": "--simulate runs no library calls"})
-            return capture
-        meta["backend"] = "torch"
-        for what, item in library_cases(args.seed, args.formats, log):
+        dev = "cpu" if args.simulate else "cuda"
+        meta["backend"] = "torch-cpu (simulation, not tensor-core data)" if args.simulate else "torch"
+        for what, item in library_cases(args.seed, args.formats, log, dev=dev):
             if what == "skip":
                 log(f"skip {item['case']}: {item['reason']}")
                 meta["skipped"].append(item)
+            elif what == "fail":
+                log(f"FAIL {item['case']}: {item['reason']}")
+                meta["failures"].append({"case": item["case"], "error": item["reason"]})
             else:
+                try:
+                    item.validate()
+                except ValueError as e:
+                    log(f"FAIL {item.name}: {e}")
+                    meta["failures"].append({"case": item.name, "error": f"ValueError: {e}"})
+                    continue
+                item.meta["backend"] = meta["backend"]
                 log(f"ok   {item.name}: {item.d.shape}")
                 capture.cases.append(item)
         return capture
@@ -932,11 +969,14 @@ def run_group(group: str, args, log) -> Capture:
         t0 = time.time()
         try:
             case = capture_instruction_case(spec, args.rows, args.seed, launcher)
+            case.validate()
         except Exception as e:  # noqa: BLE001 (record and go on)
             msg = f"{type(e).__name__}: {e}"
             log(f"FAIL {spec.kernel}: {msg}")
             meta["failures"].append({"case": spec.kernel, "error": msg})
             continue
+        case.meta["backend"] = launcher.backend
+        case.meta["compiler"] = meta.get("compiler")
         capture.cases.append(case)
         log(f"ok   {spec.kernel}: {case.rows} rows, self-check passed ({time.time() - t0:.1f} s)")
     return capture
@@ -946,7 +986,7 @@ def _gpu_launcher(group, cc, args, log, meta):
     workdir = Path(tempfile.mkdtemp(prefix="fpsim-capture-"))
     if args.backend in ("auto", "cupy"):
         try:
-            import cupy  # noqa: F401
+            import cupy  # noqa: F401 (only: is CuPy there?)
 
             cubin, compiler = compile_cubin(group, cc, workdir, log)
             meta["compiler"] = compiler
@@ -993,13 +1033,14 @@ def run_group_process(group: str, args, workdir: Path, log) -> Capture:
     out = workdir / f"{group}.npz"
     cmd = _bootstrap_command() + _child_args(args, group, out)
     t0 = time.time()
+    timeout = args.group_timeout or GROUP_TIMEOUT_S[group]
     try:
-        res = subprocess.run(cmd, timeout=args.group_timeout, capture_output=True, text=True)
+        res = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
         tail = (res.stdout + res.stderr)[-4000:]
         ok = res.returncode == 0 and out.exists()
         error = None if ok else f"group process exited with {res.returncode}:\n{tail}"
     except subprocess.TimeoutExpired as e:
-        ok, error = False, f"group process timed out after {args.group_timeout} s"
+        ok, error = False, f"group process timed out after {timeout} s (hang or too slow)"
         tail = str(e.stdout or "")[-2000:]
     if tail and not ok:
         log(f"group {group} output tail:\n{tail}")
@@ -1008,6 +1049,32 @@ def run_group_process(group: str, args, workdir: Path, log) -> Capture:
         return load_capture(out)
     log(f"FAIL group {group}: {error.splitlines()[0]}")
     return Capture(new_meta("unknown", failures=[{"case": f"group:{group}", "error": error}]), [])
+
+
+def _merged(parts, groups, args, argv) -> Capture:
+    """The capture of all groups run so far, with the run's facts in its meta."""
+    with_cases = [p for p in parts if p.cases] or parts
+    capture = merge_captures(with_cases[0], *[p for p in parts if p is not with_cases[0]])
+    capture.meta["skipped"] = sum((p.meta.get("skipped", []) for p in parts), [])
+    capture.meta["groups"] = groups
+    capture.meta["groups_done"] = len(parts)
+    capture.meta["rows_random_per_case"] = args.rows
+    capture.meta["command"] = " ".join(["python3 -m fpsim.tensorcore.gpu_capture"]
+                                       + list(sys.argv[1:] if argv is None else argv))
+    return capture
+
+
+def _split_library(capture: Capture, out: Path, log) -> None:
+    """Keep a too-large file under the size limit: library cases go to <out>-library.npz."""
+    lib = [c for c in capture.cases if c.meta["level"] == "library"]
+    if not lib:
+        return
+    other = Path(out).with_name(Path(out).stem + "-library.npz")
+    save_capture(Capture(dict(capture.meta, failures=[]), lib), other)
+    capture.cases = [c for c in capture.cases if c.meta["level"] != "library"]
+    capture.meta["library_file"] = other.name
+    save_capture(capture, out)
+    log(f"file over the size limit: library cases moved to {other}")
 
 
 def cuda_problem() -> str | None:
@@ -1045,7 +1112,11 @@ def parse_args(argv=None):
                    help="no GPU: run the instruction cases through the numpy MMA model")
     p.add_argument("--in-process", action="store_true",
                    help="run the groups in this process (no isolation)")
-    p.add_argument("--group-timeout", type=int, default=GROUP_TIMEOUT_S)
+    p.add_argument("--group-timeout", type=int, default=None,
+                   help="seconds before a group process is stopped (default: per group, "
+                        + ", ".join(f"{g} {t}" for g, t in GROUP_TIMEOUT_S.items()) + ")")
+    p.add_argument("--max-mib", type=float, default=15.0,
+                   help="above this size, library cases go to a second file <out>-library.npz")
     p.add_argument("--group", choices=GROUPS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
@@ -1075,8 +1146,8 @@ def main(argv=None) -> int:
               and not (g == "wgmma" and args.skip_wgmma)]
     log(f"capture: groups {groups}, formats {args.formats}, rows {args.rows}, seed {args.seed}")
     t0 = time.time()
+    parts = []
     with tempfile.TemporaryDirectory(prefix="fpsim-capture-") as tmp:
-        parts = []
         for group in groups:
             if args.in_process:
                 try:
@@ -1087,14 +1158,12 @@ def main(argv=None) -> int:
                         {"case": f"group:{group}", "error": f"{type(e).__name__}: {e}"}]), []))
             else:
                 parts.append(run_group_process(group, args, Path(tmp), log))
-    with_cases = [p for p in parts if p.cases] or parts
-    capture = merge_captures(with_cases[0], *[p for p in parts if p is not with_cases[0]])
-    capture.meta["skipped"] = sum((p.meta.get("skipped", []) for p in parts), [])
-    capture.meta["groups"] = groups
-    capture.meta["rows_random_per_case"] = args.rows
-    capture.meta["command"] = " ".join([Path(sys.argv[0]).name] + list(argv or sys.argv[1:]))
-    save_capture(capture, args.out)
+            capture = _merged(parts, groups, args, argv)
+            save_capture(capture, args.out)      # after every group: a later kill keeps it
     size = os.path.getsize(args.out)
+    if size > args.max_mib * 2**20:
+        _split_library(capture, args.out, log)
+        size = os.path.getsize(args.out)
     log(f"wrote {args.out}: {len(capture.cases)} case(s), "
         f"{len(capture.meta['failures'])} failure(s), {size / 2**20:.1f} MiB, "
         f"{time.time() - t0:.0f} s")

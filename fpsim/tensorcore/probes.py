@@ -445,16 +445,18 @@ def _special(r: _Rows) -> None:
     k, spec, out = r.k, r.spec, SPECS[r.c_format]
     inf, nan = math.inf, math.nan
     # signed zeros
+    def sign(z):
+        return "-" if math.copysign(1, z) < 0 else "+"
+
     for pa in (0.0, -0.0):
         for cz in (0.0, -0.0):
-            name = f"products={'-' if math.copysign(1, pa) < 0 else '+'}0:c={'-' if math.copysign(1, cz) < 0 else '+'}0"
-            r.add(f"probe:special:zero:{name}", [(i, pa, 1.0) for i in range(k)], cz)
+            r.add(f"probe:special:zero:products={sign(pa)}0:c={sign(cz)}0",
+                  [(i, pa, 1.0) for i in range(k)], cz)
     r.add("probe:special:zero:empty:c=-0", [], -0.0)
     # exact cancellation
     for cz in (0.0, -0.0):
-        s = "-" if math.copysign(1, cz) < 0 else "+"
-        r.add(f"probe:special:cancel:x-x:c={s}0", [(0, 1.5, 1.0), (1, -1.5, 1.0)], cz)
-        r.add(f"probe:special:cancel:-x+x:c={s}0", [(0, -1.5, 1.0), (1, 1.5, 1.0)], cz)
+        r.add(f"probe:special:cancel:x-x:c={sign(cz)}0", [(0, 1.5, 1.0), (1, -1.5, 1.0)], cz)
+        r.add(f"probe:special:cancel:-x+x:c={sign(cz)}0", [(0, -1.5, 1.0), (1, 1.5, 1.0)], cz)
     r.add("probe:special:cancel:x+c=-x", [(0, 1.5, 1.0)], -1.5)
     r.add("probe:special:cancel:-x+c=x", [(0, -1.5, 1.0)], 1.5)
     # Inf and NaN inputs

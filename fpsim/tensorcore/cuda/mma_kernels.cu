@@ -27,7 +27,7 @@ typedef unsigned int u32;
     const int tile = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;      \
     const int lane = threadIdx.x % 32;                                       \
     if (tile >= tiles) return; /* whole warp leaves together */             \
-    const size_t slot = (size_t)tile * 32 + lane;                            \
+    const unsigned long long slot = (unsigned long long)tile * 32 + lane;                            \
     const u32* pa = a + slot * (NA);                                         \
     const u32* pb = b + slot * (NB);                                         \
     const u32* pc = c + slot * (NC);                                         \

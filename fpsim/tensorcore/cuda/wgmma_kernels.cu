@@ -50,11 +50,11 @@ __device__ __forceinline__ u64 fpsim_desc(const void* smem) {
     const int tile = blockIdx.x;                                              \
     const int t = threadIdx.x;                                                \
     if (tile >= tiles) return; /* whole block leaves together */             \
-    if (t < 64) sb[t] = b[(size_t)tile * 64 + t];                             \
+    if (t < 64) sb[t] = b[(unsigned long long)tile * 64 + t];                             \
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");             \
     __syncthreads();                                                          \
     const u64 desc = fpsim_desc(sb);                                          \
-    const size_t slot = (size_t)tile * 128 + t;                               \
+    const unsigned long long slot = (unsigned long long)tile * 128 + t;                               \
     const u32* pa = a + slot * (NA);                                          \
     const u32* pc = c + slot * (NC);                                          \
     u32* pd = d + slot * (NC);
