@@ -19,7 +19,12 @@ FMAs. One block FMA computes d = c + sum of F exact products:
    fraction bits). A result beyond the output range is Inf.
 
 Blocks are chained in k order: each block's rounded result is the next
-block's c. The arithmetic below is exact: products of formats up to 11
+block's c. Two more features describe FP8 instructions with a binary16
+accumulator, which Hopper and Blackwell run as two binary16 MMAs (found in the
+captures, see docs/tensorcore.md): within one instruction of
+`instruction_k` products the order can be "pairs" (products with k mod 4 in
+{0, 1} first, then those with k mod 4 in {2, 3}), and c can enter "last":
+added to the instruction's result with one more rounding. The arithmetic below is exact: products of formats up to 11
 significand bits are exact in float64, truncation is `trunc` of a float64
 scaled by a power of two, and sums stay below 2^53.
 """
@@ -51,6 +56,11 @@ class BlockFMA:
     subnormal_outputs: False flushes subnormal c and results to zero.
     reduced_output: a negative extra_bits also drops as many fraction bits of
         the binary32 result (Ada and Hopper FP8).
+    instruction_k: products per MMA instruction; k_order and c_position act
+        within one instruction.
+    k_order: "sequential" or "pairs" (see the module doc).
+    c_position: "first" (c is aligned with the first block's products) or
+        "last" (added to the instruction's result, rounded once more).
     """
 
     block_size: int
@@ -61,8 +71,17 @@ class BlockFMA:
     subnormal_inputs: bool = True
     subnormal_outputs: bool = True
     reduced_output: bool = True
+    instruction_k: int | None = None
+    k_order: str = "sequential"
+    c_position: str = "first"
 
     def __post_init__(self) -> None:
+        if self.k_order not in ("sequential", "pairs"):
+            raise ValueError(f"k_order must be 'sequential' or 'pairs', got {self.k_order!r}")
+        if self.c_position not in ("first", "last"):
+            raise ValueError(f"c_position must be 'first' or 'last', got {self.c_position!r}")
+        if self.instruction_k is not None and (self.instruction_k % self.block_size or self.instruction_k % 4):
+            raise ValueError(f"instruction_k must be a multiple of block_size and of 4, got {self.instruction_k!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
         if not -23 < self.extra_bits <= 24:
@@ -77,6 +96,23 @@ class BlockFMA:
         if self.reduced_output and self.extra_bits < 0 and self.output == "fp32":
             return Format(out.exp_bits, out.man_bits + self.extra_bits, out.bias, name=f"fp32_{out.man_bits + self.extra_bits}m")
         return out
+
+    def instruction_order(self, K: int) -> list:
+        """Index arrays, one per block, in the order the hardware adds the products of k = 0..K-1."""
+        import numpy as np
+
+        chunk = self.instruction_k or self.block_size
+        blocks = []
+        for lo in range(0, K, chunk):
+            ks = np.arange(lo, lo + chunk)
+            if self.k_order == "pairs":
+                ks = np.concatenate([ks[(ks - lo) % 4 < 2], ks[(ks - lo) % 4 >= 2]])
+            for start in range(0, chunk, self.block_size):
+                block = ks[start:start + self.block_size]
+                block = block[block < K]
+                if block.size:
+                    blocks.append(block)
+        return blocks
 
     @property
     def window_bits(self) -> int:

@@ -85,9 +85,12 @@ class TensorCore:
             raise ValueError("a and b need a last axis (K)")
         batch = tuple(a64.shape[:-1])
         c64 = self._c_values(c, batch, ops, a64)
-        out = self._accumulate(lambda lo, hi: (a64[..., lo:hi] * b64[..., lo:hi],
-                                               self._powers(a64[..., lo:hi], ops) * self._powers(b64[..., lo:hi], ops)),
-                               a64.shape[-1], c64, ops)
+        pa, pb = self._powers(a64, ops), self._powers(b64, ops)
+
+        def products(ks):
+            return a64[..., ks] * b64[..., ks], pa[..., ks] * pb[..., ks]
+
+        out = self._accumulate(products, a64.shape[-1], c64, ops)
         return self._result(out, ops)
 
     def matmul(self, A, B, C=None):
@@ -103,8 +106,8 @@ class TensorCore:
         pa, pb = self._powers(a64, ops), self._powers(b64, ops)
         bt, pbt = b64.T, pb.T
 
-        def products(lo, hi):
-            return (a64[:, None, lo:hi] * bt[None, :, lo:hi], pa[:, None, lo:hi] * pbt[None, :, lo:hi])
+        def products(ks):
+            return a64[:, None, ks] * bt[None, :, ks], pa[:, None, ks] * pbt[None, :, ks]
 
         out = self._accumulate(products, K, c64, ops)
         return self._result(out, ops)
@@ -141,17 +144,16 @@ class TensorCore:
         return alignment_powers(x, self.inputs, ops)
 
     def _accumulate(self, products, K: int, c, ops):
-        """Chain blocks over k = 0..K-1 with the configured strategy; products(lo, hi) gives a slice."""
+        """All K products with the configured strategy; products(ks) gives those of index array ks."""
         if self.promote_every:
+            slices = [(lo, min(K, lo + self.promote_every)) for lo in range(0, K, self.promote_every)]
             total = c
-            for lo in range(0, K, self.promote_every):
-                partial = self._chain(products, lo, min(K, lo + self.promote_every), c * 0, ops)
-                total = _fp32_add(total, partial, ops)
+            for lo, hi in slices:
+                total = _fp32_add(total, self._chain(products, lo, hi, c * 0, ops), ops)
             return self._round_to_output(total, ops)
         if self.split_k > 1:
-            F = self.params.block_size
-            blocks = -(-K // F)
-            per = -(-blocks // self.split_k) * F
+            chunk = self.params.instruction_k or self.params.block_size
+            per = -(-(-(-K // chunk)) // self.split_k) * chunk
             partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else c * 0, ops)
                         for lo in range(0, K, per)]
             total = partials[0]
@@ -161,11 +163,20 @@ class TensorCore:
         return self._chain(products, 0, K, c, ops)
 
     def _chain(self, products, lo: int, hi: int, c, ops):
-        F = self.params.block_size
+        """Products lo..hi-1 through the instructions' blocks, starting from c."""
+        params = self.params
+        chunk = params.instruction_k or params.block_size
         d = c
-        for start in range(lo, hi, F):
-            p, powers = products(start, min(hi, start + F))
-            d = self._step(p, powers, d, ops)
+        for start in range(lo, hi, chunk):
+            blocks = params.instruction_order(min(chunk, hi - start))
+            before = d
+            if params.c_position == "last":
+                d = d * 0
+            for ks in blocks:
+                p, powers = products(ks + start)
+                d = self._step(p, powers, d, ops)
+            if params.c_position == "last":
+                d = quantize(d + before, params.output_format, "nearest_even")
         return d
 
     def _step(self, p, powers, c, ops):

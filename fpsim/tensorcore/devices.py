@@ -26,6 +26,8 @@ DEVICES = {
 
 _FP32_RZ = dict(output="fp32", rounding="toward_zero")
 _FP16_RN = dict(output="fp16", rounding="nearest_even")
+# FP8 MMAs with a binary16 accumulator run as two binary16 MMAs (found in the captures)
+_FP8_VIA_FP16 = dict(block_size=16, extra_bits=2, instruction_k=32, k_order="pairs", c_position="last")
 
 
 def _table() -> dict:
@@ -33,9 +35,9 @@ def _table() -> dict:
     t = {}
 
     def put(gen, inputs, min32=-1024, min16=-1024, **kw):
-        t[(gen, inputs, "fp32")] = BlockFMA(**_FP32_RZ, min_align_exp=min32, **kw)
-        if inputs in ("fp16", "e4m3", "e5m2"):
-            t[(gen, inputs, "fp16")] = BlockFMA(**_FP16_RN, min_align_exp=min16, **kw)
+        t[(gen, inputs, "fp32")] = BlockFMA(**{**_FP32_RZ, "min_align_exp": min32, **kw})
+        if inputs == "fp16" or (inputs in ("e4m3", "e5m2") and gen == "ada"):
+            t[(gen, inputs, "fp16")] = BlockFMA(**{**_FP16_RN, "min_align_exp": min16, **kw})
 
     put("volta", "fp16", block_size=4, extra_bits=0, min16=-19)
     put("turing", "fp16", block_size=4, extra_bits=0, min16=-19)  # as Volta (Fasi et al. 2021 measured T4 = V100)
@@ -50,8 +52,10 @@ def _table() -> dict:
         put(gen, "bf16", block_size=16, extra_bits=2, min32=-133)
         put(gen, "tf32", block_size=8, extra_bits=2, min32=-133)
     for inputs in ("e4m3", "e5m2"):
-        put("hopper", inputs, block_size=32, extra_bits=-10, min32=-133, min16=-21)
-        put("blackwell", inputs, block_size=32, extra_bits=2, min32=-133, min16=-21)
+        put("hopper", inputs, block_size=32, extra_bits=-10, min32=-133)
+        put("blackwell", inputs, block_size=32, extra_bits=8, rounding="nearest_even", min32=-133)
+        for gen in ("hopper", "blackwell"):
+            t[(gen, inputs, "fp16")] = BlockFMA(**_FP16_RN, **_FP8_VIA_FP16, min_align_exp=-21)
     return t
 
 
