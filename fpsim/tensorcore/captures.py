@@ -539,6 +539,21 @@ def fp16_round_bits(c_bits) -> np.ndarray:
         return bits_to_f64(c_bits).astype(np.float16).astype(np.float32).view(np.uint32)
 
 
+def fp8_path_from_sass(sass: str, kernel: str) -> str | None:
+    """How an FP8 kernel reached the tensor cores, read from its SASS: "fp16" when it
+    converts to binary16 and runs HMMA, "native" for QMMA/QGMMA, None if not found."""
+    blocks = sass.split("Function : ")
+    for block in blocks[1:]:
+        name, _, body = block.partition("\n")
+        if name.strip() != kernel:
+            continue
+        if "QMMA" in body or "QGMMA" in body:
+            return "native"
+        if "HMMA" in body or "HGMMA" in body:
+            return "fp16"
+    return None
+
+
 def upstream_case_rules(gpu: str, inputs: str, output: str) -> dict:
     """How an upstream case used its c file (facts checked against the data).
 
@@ -559,6 +574,17 @@ def upstream_case_rules(gpu: str, inputs: str, output: str) -> dict:
                 "why": "H100 FP8 with fp32 output: the kernel computed d = a.b with c = 0; "
                        "the c file was not used, so c holds zeros"}
     return {"c": "fp32", "c_format": "fp32", "why": "c is the binary32 value of the c file"}
+
+
+def upstream_fp8_path(gpu: str, inputs: str, output: str) -> str | None:
+    """Which FP8 path the upstream rows took, as the data show: on H100 and B200 the
+    fp16-output rows match binary16 MMAs (c added last), the fp32-output rows the
+    native FP8 model; Ada (L40S) has native FP8 mma.sync."""
+    if inputs not in ("e4m3", "e5m2"):
+        return None
+    if gpu.upper() in ("H100", "H200", "B200") and output == "fp16":
+        return "fp16"
+    return "native"
 
 
 def load_upstream_text(folder, rows: int | None = None, gpu_name: str | None = None) -> Capture:
@@ -593,6 +619,11 @@ def load_upstream_text(folder, rows: int | None = None, gpu_name: str | None = N
                     "inputs": inputs, "c_format": rule["c_format"], "output": out, "k": k,
                     "instruction": _upstream_instruction(inputs, out, k),
                     "flags": {}, "notes": rule["why"]}
+            path = upstream_fp8_path(gpu, inputs, out)
+            if path:
+                meta["path"] = path
+                meta["notes"] += (f" FP8 path '{path}': which model reproduces the rows (the "
+                                  f"compiler, not the PTX instruction, decides it; docs/tensorcore.md).")
             tags = np.full(raw["a"].shape[0], "upstream:random")
             cases.append(CaptureCase(meta, raw["a"], raw["b"], c, d, tags))
     meta = new_meta(f"NVIDIA {gpu}", backend="upstream-text",

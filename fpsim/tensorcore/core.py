@@ -34,20 +34,25 @@ class TensorCore:
 
     device: product or generation name ("h100", "a100", "hopper", ...).
     inputs: "fp16", "bf16", "tf32", "e4m3" or "e5m2"; output: "fp32" or "fp16".
+    path: for FP8 on Hopper and Blackwell, "native" (wgmma, as cuBLAS; the
+        default) or "fp16" (through binary16 MMAs, as FP8 mma.sync compiles).
     round_inputs: None refuses inputs (and C) that are not exactly values of
         their formats; a rounding mode name rounds them first.
     split_k, promote_every: accumulation beyond one instruction (module doc).
+    epilogue: a format the final result is rounded to (nearest even), as a
+        GEMM writing fp16 or bf16 from an fp32 accumulator does.
     overrides: any BlockFMA field (block_size, extra_bits, rounding, ...), to
         explore a hypothetical device.
     """
 
     def __init__(self, device: str = "h100", inputs: str = "fp16", output: str = "fp32", *,
-                 round_inputs: str | None = None, split_k: int = 1, promote_every: int | None = None,
-                 **overrides):
+                 path: str | None = None, round_inputs: str | None = None, split_k: int = 1,
+                 promote_every: int | None = None, epilogue: str | None = None, **overrides):
         self.device = device
         self.inputs: Format = get_format(inputs)
         self.output: Format = get_format(output)
-        self.params: BlockFMA = devices.parameters(device, self.inputs.name, self.output.name, **overrides)
+        self.params: BlockFMA = devices.parameters(device, self.inputs.name, self.output.name, path, **overrides)
+        self.epilogue: Format | None = get_format(epilogue) if epilogue is not None else None
         if round_inputs is not None:
             from ..exact import check_rounding
 
@@ -149,12 +154,12 @@ class TensorCore:
             slices = [(lo, min(K, lo + self.promote_every)) for lo in range(0, K, self.promote_every)]
             total = c
             for lo, hi in slices:
-                total = _fp32_add(total, self._chain(products, lo, hi, c * 0, ops), ops)
+                total = _fp32_add(total, self._chain(products, lo, hi, _zeros_like(c, ops), ops), ops)
             return self._round_to_output(total, ops)
         if self.split_k > 1:
             chunk = self.params.instruction_k or self.params.block_size
             per = -(-(-(-K // chunk)) // self.split_k) * chunk
-            partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else c * 0, ops)
+            partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else _zeros_like(c, ops), ops)
                         for lo in range(0, K, per)]
             total = partials[0]
             for partial in partials[1:]:
@@ -171,7 +176,7 @@ class TensorCore:
             blocks = params.instruction_order(min(chunk, hi - start))
             before = d
             if params.c_position == "last":
-                d = d * 0
+                d = _zeros_like(d, ops)
             for ks in blocks:
                 p, powers = products(ks + start)
                 d = self._step(p, powers, d, ops)
@@ -195,9 +200,16 @@ class TensorCore:
         return quantize(total, self.output, "nearest_even") if self.output.name != "fp32" else total
 
     def _result(self, out, ops):
+        fmt = self.output
+        if self.epilogue is not None:
+            out, fmt = quantize(out, self.epilogue, "nearest_even"), self.epilogue
         if ops.torch:
-            return out.to(self.output.torch_dtype)
-        return out.astype(self.output.ml_dtype)
+            return out.to(fmt.torch_dtype)
+        return np.asarray(out).astype(fmt.ml_dtype)
+
+
+def _zeros_like(x, ops):
+    return _arrays._torch.zeros_like(x) if ops.torch else np.zeros_like(x)
 
 
 def _isfinite(x, ops):

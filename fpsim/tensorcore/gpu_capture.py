@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .captures import (Capture, CaptureCase, f32_bits, is_representable, load_capture,
+from .captures import (Capture, CaptureCase, fp8_path_from_sass, f32_bits, is_representable, load_capture,
                        merge_captures, new_meta, save_capture, widen_bf16_bits,
                        widen_fp16_bits)
 from .probes import concat, probe_rows, random_rows, round_to_format
@@ -572,7 +572,7 @@ def compile_cubin(group: str, cc: tuple, workdir: Path, log) -> tuple:
     return out, "nvrtc %d.%d" % nvrtc.getVersion()
 
 
-def dump_sass(cubin: Path, dest: Path | None, log) -> None:
+def dump_sass(cubin: Path, dest: Path | None, log) -> str | None:
     """Write cuobjdump --dump-sass of the cubin next to the capture, if possible."""
     tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if dest is None or not os.path.exists(tool):
@@ -580,12 +580,14 @@ def dump_sass(cubin: Path, dest: Path | None, log) -> None:
     res = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True)
     dest.write_text(res.stdout + res.stderr)
     log(f"SASS written to {dest}")
+    return res.stdout
 
 
 class CupyLauncher:
     """Runs kernels of a cubin through CuPy (RawModule)."""
 
     backend = "cupy"
+    sass = None  # the cubin's SASS, when dumped
 
     def __init__(self, cubin: Path):
         import cupy
@@ -977,6 +979,10 @@ def run_group(group: str, args, log) -> Capture:
             continue
         case.meta["backend"] = launcher.backend
         case.meta["compiler"] = meta.get("compiler")
+        sass = getattr(launcher, "sass", None) or ""
+        path = fp8_path_from_sass(sass, spec.kernel) if spec.inputs in ("e4m3", "e5m2") else None
+        if path:
+            case.meta["path"] = path
         capture.cases.append(case)
         log(f"ok   {spec.kernel}: {case.rows} rows, self-check passed ({time.time() - t0:.1f} s)")
     return capture
@@ -990,9 +996,10 @@ def _gpu_launcher(group, cc, args, log, meta):
 
             cubin, compiler = compile_cubin(group, cc, workdir, log)
             meta["compiler"] = compiler
+            launcher = CupyLauncher(cubin)
             if args.sass_dir:
-                dump_sass(cubin, Path(args.sass_dir) / f"{group}.sass", log)
-            return CupyLauncher(cubin)
+                launcher.sass = dump_sass(cubin, Path(args.sass_dir) / f"{group}.sass", log)
+            return launcher
         except ImportError:
             if args.backend == "cupy":
                 raise

@@ -48,9 +48,19 @@ def same_bits(x, y) -> np.ndarray:
     return (x.view(np.uint32) == y.view(np.uint32)) | (np.isnan(x) & np.isnan(y))
 
 
-def model_for(case: CaseResult | CaptureCase, device: str, **overrides) -> TensorCore:
+def model_for(case: CaptureCase, device: str, **overrides) -> TensorCore:
+    """The model a case is compared with: its path, and for library calls the fp32
+    accumulator with the library's output as a rounding epilogue."""
     meta = case.meta
-    return TensorCore(device, inputs=meta["inputs"], output=meta["output"], **overrides)
+    output = meta["output"]
+    options = {"path": meta.get("path")}
+    if meta.get("path") == "fp16" and meta["level"] == "instruction":
+        options["instruction_k"] = meta["k"]
+    if meta["level"] == "library" and output != "fp32":
+        options["epilogue"] = output
+        output = "fp32"
+    options.update(overrides)
+    return TensorCore(device, inputs=meta["inputs"], output=output, **options)
 
 
 def validate_case(case: CaptureCase, device: str, **overrides) -> CaseResult:
