@@ -278,6 +278,9 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         invalid = invalid | (negative & ~(is_zero & fmt.zero))
     if not fmt.zero:
         invalid = invalid | is_zero
+    # Every NaN, whether from the input or from overflow, gets the canonical bits by
+    # construction: negating a NaN does not flip its sign on every device.
+    invalid = invalid | (result != result)
     return ops.where(invalid, _nan_like(fmt, negative, w, ops, width), result)
 
 
