@@ -11,10 +11,11 @@ from .codec import decode, encode
 from .exact import ROUNDING_MODES
 from .formats import ALIASES, PRESETS, Format, format
 from .rounding import quantize
+from .tensorcore.core import TensorCore
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "decode", "encode", "format", "quantize",
+    "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "TensorCore", "decode", "encode", "format", "quantize",
     "__version__",
 ]

@@ -120,39 +120,85 @@ class BlockFMA:
         return 23 + self.extra_bits
 
 
-def alignment_powers(x, input_format: Format, ops):
-    """2^(max(floor(log2|x|), emin)) for nonzero x, 0 for zero: where x's significand is read from."""
+ZERO_EXPONENT = -16000
+"""Alignment exponent given to zero terms (int16; a sum of two still fits): never the largest."""
+
+
+def alignment_exponents(x, input_format: Format, ops):
+    """max(floor(log2|x|), emin) as int16 for nonzero x, ZERO_EXPONENT for zero.
+
+    This is where the hardware reads x's significand from: subnormal inputs keep
+    the format's emin, so a product's significand lies in [0, 4).
+    """
     nonzero = x != 0
     exponent = ops.floor_log2(ops.where(nonzero, x, 1.0))
     exponent = ops.clip(exponent, lo=input_format.emin)
-    return ops.where(nonzero, _pow2(exponent, x, ops), 0.0)
+    exponent = ops.where(nonzero, exponent, ZERO_EXPONENT)
+    return exponent.to(_arrays._torch.int16) if ops.torch else exponent.astype(np.int16)
+
+
+def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
+    """One block FMA on a batch.
+
+    products (..., F): exact products (float32 when exact there, else float64);
+    exponents (..., F): their alignment exponents (int16); c (...) float64 and
+    c_exponents (...) its alignment exponent. Returns d (...) as float64.
+
+    Exactness: with top the largest exponent, every term is truncated to a
+    multiple of 2^(top - window_bits), i.e. trunc(term * 2^(window_bits - top)).
+    A product has at most 22 significant bits, so the scaled product and its
+    truncation are exact in float32 (products of tiny terms that would not fit
+    the scale are smaller than the unit and truncate to zero); the sum of F + 1
+    terms below 2^(window_bits + 3 + log2 F) is exact in float64.
+    """
+    top = exponents.max(-1) if not ops.torch else exponents.amax(-1)
+    top = ops.maximum(top, c_exponents)
+    top = ops.maximum(top, params.min_align_exp)
+    shift = params.window_bits - top.to(_arrays._torch.int32) if ops.torch else params.window_bits - top.astype(np.int32)
+    scale64 = _pow2(shift, c, ops)
+    if str(products.dtype).endswith("float32"):
+        scale = _pow2(ops.clip(shift, hi=127), products, ops)  # beyond: every product is 0
+    else:
+        scale = scale64
+    terms = _sum64(ops.trunc(products * scale[..., None]), ops) + ops.trunc(c * scale64)
+    return round_sum(terms / scale64, params, ops)
+
+
+def _sum64(x, ops):
+    if ops.torch:
+        return x.sum(-1, dtype=_arrays._torch.float64)
+    return x.sum(-1, dtype=np.float64)
 
 
 def _pow2(exponent, like, ops):
-    """Exact powers of two as floats of like's dtype (float64)."""
+    """Exact 2^exponent (int array) in like's float dtype."""
     if ops.torch:
-        return _arrays._torch.ldexp(_arrays._torch.ones_like(like), exponent)
-    return np.ldexp(1.0, exponent)
-
-
-def block_step(products, powers, c, c_powers, params: BlockFMA, ops):
-    """One block FMA on a batch: products (..., F) exact, powers their alignment powers, c (...).
-
-    c_powers: 2^(alignment exponent of c), 0 where c is 0. Returns d (...), float64.
-    """
-    top = powers.max(-1) if not ops.torch else powers.amax(-1)
-    top = ops.maximum(top, c_powers)
-    top = ops.maximum(top, 2.0 ** params.min_align_exp)
-    scale = (2.0 ** params.window_bits) / top  # exact: a power of two
-    terms = ops.trunc(products * scale[..., None]).sum(-1) + ops.trunc(c * scale)
-    total = terms / scale
-    return round_sum(total, params, ops)
+        one = _arrays._torch.ones((), dtype=like.dtype, device=like.device)
+        return _arrays._torch.ldexp(one, exponent.to(like.dtype))
+    return np.ldexp(like.dtype.type(1), exponent.astype(np.int32))
 
 
 def round_sum(total, params: BlockFMA, ops):
     """Round an exact block sum into the output format; beyond the range is Inf; 0 is +0."""
     fmt = params.output_format
-    rounded = quantize(total, fmt, params.rounding, flush_subnormal_outputs=not params.subnormal_outputs)
+    if fmt.name == "fp32" and params.rounding == "toward_zero" and params.subnormal_outputs:
+        rounded = _binary32_toward_zero(total, ops)
+    else:
+        rounded = quantize(total, fmt, params.rounding, flush_subnormal_outputs=not params.subnormal_outputs)
     beyond = abs(total) >= 2.0 ** (fmt.emax + 1)
     rounded = ops.where(beyond, ops.where(total > 0, float("inf"), float("-inf")), rounded)
     return ops.where(total == 0, 0.0, rounded)
+
+
+def _binary32_toward_zero(total, ops):
+    """float64 -> binary32 toward zero: the correctly rounded cast, stepped back when it rounded away."""
+    if ops.torch:
+        torch = _arrays._torch
+        near = total.to(torch.float32)
+        away = near.abs().to(torch.float64) > total.abs()
+        back = torch.nextafter(near, torch.zeros_like(near))
+        return torch.where(away, back, near).to(torch.float64)
+    with np.errstate(over="ignore"):
+        near = total.astype(np.float32)
+    away = np.abs(near.astype(np.float64)) > np.abs(total)
+    return np.where(away, np.nextafter(near, np.float32(0)), near).astype(np.float64)

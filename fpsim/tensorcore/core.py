@@ -24,7 +24,7 @@ from .. import _arrays
 from ..formats import PRESETS, Format, format as get_format
 from ..rounding import quantize
 from . import devices
-from .blockfma import BlockFMA, alignment_powers, block_step
+from .blockfma import ZERO_EXPONENT, BlockFMA, alignment_exponents, block_step
 
 _FP32 = PRESETS["fp32"]
 
@@ -88,15 +88,15 @@ class TensorCore:
             raise ValueError(f"a and b must have the same shape, got {tuple(a64.shape)} and {tuple(b64.shape)}")
         if a64.ndim == 0:
             raise ValueError("a and b need a last axis (K)")
-        batch = tuple(a64.shape[:-1])
-        c64 = self._c_values(c, batch, ops, a64)
-        pa, pb = self._powers(a64, ops), self._powers(b64, ops)
+        c64 = self._c_values(c, tuple(a64.shape[:-1]), ops, a64)
+        aw, bw = self._work(a64, ops), self._work(b64, ops)
+        ea, eb = self._exponents(a64, ops), self._exponents(b64, ops)
+        finite = _all_finite(aw, ops) and _all_finite(bw, ops)
 
         def products(ks):
-            return a64[..., ks] * b64[..., ks], pa[..., ks] * pb[..., ks]
+            return aw[..., ks] * bw[..., ks], ea[..., ks] + eb[..., ks]
 
-        out = self._accumulate(products, a64.shape[-1], c64, ops)
-        return self._result(out, ops)
+        return self._result(self._accumulate(products, a64.shape[-1], c64, ops, finite), ops)
 
     def matmul(self, A, B, C=None):
         """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does."""
@@ -108,13 +108,20 @@ class TensorCore:
         M, K = a64.shape
         N = b64.shape[1]
         c64 = self._c_values(C, (M, N), ops, a64)
-        pa, pb = self._powers(a64, ops), self._powers(b64, ops)
-        bt, pbt = b64.T, pb.T
+        aw, bw = self._work(a64, ops), self._work(b64.T, ops)
+        ea, eb = self._exponents(a64, ops), self._exponents(b64.T, ops)
+        finite = _all_finite(aw, ops) and _all_finite(bw, ops)
+        # rows in chunks, so that one block's (rows, N, F) temporaries stay in cache
+        rows = max(1, (1 << 19) // max(1, N * self.params.block_size))
+        parts = []
+        for r0 in range(0, M, rows):
+            a_rows, e_rows = aw[r0:r0 + rows], ea[r0:r0 + rows]
 
-        def products(ks):
-            return a64[:, None, ks] * bt[None, :, ks], pa[:, None, ks] * pbt[None, :, ks]
+            def products(ks, a_rows=a_rows, e_rows=e_rows):
+                return (a_rows[:, None, ks] * bw[None, :, ks], e_rows[:, None, ks] + eb[None, :, ks])
 
-        out = self._accumulate(products, K, c64, ops)
+            parts.append(self._accumulate(products, K, c64[r0:r0 + rows], ops, finite))
+        out = _arrays._torch.cat(parts) if ops.torch else np.concatenate(parts)
         return self._result(out, ops)
 
     # ------------------------------------------------------------ helpers
@@ -145,29 +152,36 @@ class TensorCore:
             raise ValueError(f"c must have shape {tuple(shape)}, got {tuple(c64.shape)}")
         return c64
 
-    def _powers(self, x, ops):
-        return alignment_powers(x, self.inputs, ops)
+    def _exponents(self, x, ops):
+        return alignment_exponents(x, self.inputs, ops)
 
-    def _accumulate(self, products, K: int, c, ops):
+    def _work(self, x, ops):
+        """Inputs in the narrowest float whose products are exact: float32 for formats of
+        at most 5 exponent bits (fp16, FP8), float64 otherwise (bf16, tf32)."""
+        if self.inputs.exp_bits > 5:
+            return x
+        return x.to(_arrays._torch.float32) if ops.torch else x.astype(np.float32)
+
+    def _accumulate(self, products, K: int, c, ops, finite: bool = True):
         """All K products with the configured strategy; products(ks) gives those of index array ks."""
         if self.promote_every:
             slices = [(lo, min(K, lo + self.promote_every)) for lo in range(0, K, self.promote_every)]
             total = c
             for lo, hi in slices:
-                total = _fp32_add(total, self._chain(products, lo, hi, _zeros_like(c, ops), ops), ops)
+                total = _fp32_add(total, self._chain(products, lo, hi, _zeros_like(c, ops), ops, finite), ops)
             return self._round_to_output(total, ops)
         if self.split_k > 1:
             chunk = self.params.instruction_k or self.params.block_size
             per = -(-(-(-K // chunk)) // self.split_k) * chunk
-            partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else _zeros_like(c, ops), ops)
+            partials = [self._chain(products, lo, min(K, lo + per), c if lo == 0 else _zeros_like(c, ops), ops, finite)
                         for lo in range(0, K, per)]
             total = partials[0]
             for partial in partials[1:]:
                 total = _fp32_add(total, partial, ops)
             return self._round_to_output(total, ops)
-        return self._chain(products, 0, K, c, ops)
+        return self._chain(products, 0, K, c, ops, finite)
 
-    def _chain(self, products, lo: int, hi: int, c, ops):
+    def _chain(self, products, lo: int, hi: int, c, ops, finite: bool = True):
         """Products lo..hi-1 through the instructions' blocks, starting from c."""
         params = self.params
         chunk = params.instruction_k or params.block_size
@@ -178,22 +192,22 @@ class TensorCore:
             if params.c_position == "last":
                 d = _zeros_like(d, ops)
             for ks in blocks:
-                p, powers = products(ks + start)
-                d = self._step(p, powers, d, ops)
+                p, exponents = products(ks + start)
+                d = self._step(p, exponents, d, ops, finite)
             if params.c_position == "last":
                 d = quantize(d + before, params.output_format, "nearest_even")
         return d
 
-    def _step(self, p, powers, c, ops):
+    def _step(self, p, exponents, c, ops, finite_products: bool):
         """One block, with the IEEE special cases (NaN, Inf) settled first."""
-        finite = _all_finite(p, ops) and _all_finite(c, ops)
-        c_powers = alignment_powers(c, _FP32, ops)
-        if finite:
-            return block_step(p, powers, c, c_powers, self.params, ops)
-        p_clean = ops.where(_isfinite(p, ops), p, 0.0)
-        powers_clean = ops.where(_isfinite(p, ops), powers, 0.0)
-        c_clean = ops.where(_isfinite(c, ops), c, 0.0)
-        d = block_step(p_clean, powers_clean, c_clean, ops.where(_isfinite(c, ops), c_powers, 0.0), self.params, ops)
+        c_finite = _isfinite(c, ops)
+        if finite_products and bool(c_finite.all()):
+            return block_step(p, exponents, c, alignment_exponents(c, _FP32, ops), self.params, ops)
+        p_ok = _isfinite(p, ops)
+        p_clean = ops.where(p_ok, p, ops.constant(0.0, p))
+        e_clean = ops.where(p_ok, exponents, ops.constant(ZERO_EXPONENT, exponents))
+        c_clean = ops.where(c_finite, c, 0.0)
+        d = block_step(p_clean, e_clean, c_clean, alignment_exponents(c_clean, _FP32, ops), self.params, ops)
         return _specials(p, c, d, ops)
 
     def _round_to_output(self, total, ops):
