@@ -6,6 +6,8 @@ import argparse
 import sys
 from fractions import Fraction
 
+import numpy as np
+
 from . import exact
 from .formats import ALIASES, PRESETS, Format, format as get_format
 
@@ -98,6 +100,59 @@ def cmd_cast(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    """Compare a capture (file, upstream folder or bundled name) with the model, case by case."""
+    from pathlib import Path
+
+    from .tensorcore import captures, validate
+
+    bundled = captures.bundled_captures()
+    source = bundled[args.capture.lower()] if args.capture.lower() in bundled and not Path(args.capture).exists() \
+        else args.capture
+    capture = validate.read_capture(source)
+    device = args.device or validate.guess_device(capture.meta.get("gpu", ""))
+    overrides = {"path": args.path} if args.path else {}
+    results = validate.validate(capture, device, **overrides)
+    print(f"capture: {source} ({capture.meta.get('gpu', '?')}), model: {device}")
+    print(f"{'case':44} {'level':11} {'formats':13} {'K':>5} {'rows':>6} {'bit-exact':>10}")
+    for r in results:
+        level = capture.case(r.name).meta["level"]
+        share = f"{100 * r.agreement:9.1f}%" if r.rows else "      -"
+        print(f"{r.name:44} {level:11} {r.inputs + '->' + r.output:13} {r.k:5} {r.rows:6} {share}"
+              + (f"  ({r.note})" if r.note else ""))
+        if args.show and r.mismatches:
+            case = capture.case(r.name)
+            tags = getattr(case, "tags", None)
+            for i in r.mismatches[:args.show]:
+                tag = f" [{tags[i]}]" if tags is not None and case.kind == "dot" else ""
+                print(f"    row {i}{tag}: GPU {float(np.ravel(case.d_values)[i])!r}")
+    for level in ("instruction", "library"):
+        chosen = [r for r in results if capture.case(r.name).meta["level"] == level and r.rows]
+        if chosen:
+            rows, matched = sum(r.rows for r in chosen), sum(r.matched for r in chosen)
+            print(f"{level}: {matched}/{rows} values bit-exact ({100 * matched / rows:.2f}%) "
+                  f"in {len(chosen)} case(s)")
+    return 0
+
+
+def cmd_probes(args) -> int:
+    """The tensor-core features the standard probes show, for a model (and a capture)."""
+    from .tensorcore import features
+
+    table = features.probe_table(args.device, args.inputs, args.output, **({"path": args.path} if args.path else {}))
+    print(f"model {args.device}, {args.inputs} -> {args.output}")
+    for key in features.FEATURES:
+        print(f"  {key:18} {table.get(key, '-')}")
+    return 0
+
+
+def cmd_capture(args, rest) -> int:
+    """Run the GPU capture (its own option parser lives with it, as it also runs standalone)."""
+    from .tensorcore import gpu_capture
+
+    return gpu_capture.main(rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,13 +166,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(exact.ROUNDING_MODES)}")
     p.add_argument("--saturate", action="store_true", help="clamp overflow to ±max")
     p.set_defaults(func=cmd_cast)
+
+    p = sub.add_parser("validate", help="compare real tensor-core outputs with the model, bit for bit")
+    p.add_argument("capture", help="a capture file (.npz), an upstream text folder, or a bundled name "
+                                   "(v100, a100, l40s, h100, h200, b200)")
+    p.add_argument("--device", help="device model to use (default: the capture's GPU)")
+    p.add_argument("--path", choices=["native", "fp16"], help="FP8 path for every case (default: each case's own)")
+    p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N mismatching rows per case")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("probes", help="tensor-core features shown by the standard probes, for a device model")
+    p.add_argument("--device", default="h100")
+    p.add_argument("--inputs", default="fp16")
+    p.add_argument("--output", default="fp32")
+    p.add_argument("--path", choices=["native", "fp16"])
+    p.set_defaults(func=cmd_probes)
+
+    p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU "
+                                       "(options: fpsim capture --help)", add_help=False)
+    p.set_defaults(func=cmd_capture, passthrough=True)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        if getattr(args, "passthrough", False):
+            return args.func(args, rest)
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"fpsim {args.command}: error: {err}", file=sys.stderr)

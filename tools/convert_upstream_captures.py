@@ -202,13 +202,15 @@ Real outputs of NVIDIA tensor-core instructions, in fpsim's capture schema
 - H100 FP8 with binary32 output: the kernel computed d = a.b with c = 0; the
   c file was not used, so `c` holds zeros.
 - L40S and B200 FP8 with binary32 output used the binary32 c.
-- FP8 with binary16 output (H100, B200): c was used (c = 0 explains almost no
-  row). Whether it was rounded to binary16 first is not certain from the data:
-  d is not a single correctly rounded result in a large share of rows under
-  either hypothesis, and the binary16-rounded c explains more of the rows that
-  discriminate; `c` holds the binary16-rounded value. The notes give the
-  numbers.
-- Some cases are not explained by any single published parameter set.
+- FP8 with binary16 output (H100, B200): c was used, rounded to binary16.
+  These rows are not one block FMA: the FP8 mma.sync runs as two binary16
+  MMAs (products with k mod 4 in {{0, 1}}, then the others) from zero, and c is
+  added afterwards with one more rounding; every row is reproduced so (each
+  case's `path` is "fp16"). The H100 FP8 rows with binary32 output match the
+  native FP8 model instead (`path` "native"). See docs/tensorcore.md.
+
+`h200.npz` is not upstream data: fpsim's own capture on an NVIDIA H200
+(`fpsim capture`), described in `H200.md` beside this file.
 
 Row i of every array of a case belongs together; the tags of upstream rows
 are `upstream:random`.

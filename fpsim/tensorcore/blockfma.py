@@ -153,7 +153,9 @@ def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
     """
     top = exponents.max(-1) if not ops.torch else exponents.amax(-1)
     top = ops.maximum(top, c_exponents)
-    top = ops.maximum(top, params.min_align_exp)
+    # (products of the input formats have exponents >= -252: a floor of -300 changes
+    # nothing but keeps 2^(window - top) finite when every term is zero)
+    top = ops.maximum(top, max(params.min_align_exp, -300))
     shift = params.window_bits - top.to(_arrays._torch.int32) if ops.torch else params.window_bits - top.astype(np.int32)
     scale64 = _pow2(shift, c, ops)
     if str(products.dtype).endswith("float32"):

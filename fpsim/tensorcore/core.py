@@ -34,6 +34,7 @@ class TensorCore:
 
     device: product or generation name ("h100", "a100", "hopper", ...).
     inputs: "fp16", "bf16", "tf32", "e4m3" or "e5m2"; output: "fp32" or "fp16".
+    inputs_b: B's format when it differs from A's (FP8: e4m3 with e5m2).
     path: for FP8 on Hopper and Blackwell, "native" (wgmma, as cuBLAS; the
         default) or "fp16" (through binary16 MMAs, as FP8 mma.sync compiles).
     round_inputs: None refuses inputs (and C) that are not exactly values of
@@ -46,10 +47,15 @@ class TensorCore:
     """
 
     def __init__(self, device: str = "h100", inputs: str = "fp16", output: str = "fp32", *,
-                 path: str | None = None, round_inputs: str | None = None, split_k: int = 1,
+                 inputs_b: str | None = None, path: str | None = None, round_inputs: str | None = None,
+                 split_k: int = 1,
                  promote_every: int | None = None, epilogue: str | None = None, **overrides):
         self.device = device
         self.inputs: Format = get_format(inputs)
+        self.inputs_b: Format = get_format(inputs_b) if inputs_b is not None else self.inputs
+        fp8 = ("e4m3", "e5m2")
+        if self.inputs_b != self.inputs and not (self.inputs.name in fp8 and self.inputs_b.name in fp8):
+            raise ValueError(f"mixed input formats are FP8 only (e4m3 with e5m2); got {inputs} and {inputs_b}")
         self.output: Format = get_format(output)
         self.params: BlockFMA = devices.parameters(device, self.inputs.name, self.output.name, path, **overrides)
         self.epilogue: Format | None = get_format(epilogue) if epilogue is not None else None
@@ -83,14 +89,14 @@ class TensorCore:
         """d[...] = sum_k a[..., k] * b[..., k] + c[...], computed as the tensor core does."""
         ops = _arrays.Ops(a)
         a64 = self._checked(a, self.inputs, "a", ops)
-        b64 = self._checked(b, self.inputs, "b", ops)
+        b64 = self._checked(b, self.inputs_b, "b", ops)
         if tuple(a64.shape) != tuple(b64.shape):
             raise ValueError(f"a and b must have the same shape, got {tuple(a64.shape)} and {tuple(b64.shape)}")
         if a64.ndim == 0:
             raise ValueError("a and b need a last axis (K)")
         c64 = self._c_values(c, tuple(a64.shape[:-1]), ops, a64)
         aw, bw = self._work(a64, ops), self._work(b64, ops)
-        ea, eb = self._exponents(a64, ops), self._exponents(b64, ops)
+        ea, eb = self._exponents(a64, self.inputs, ops), self._exponents(b64, self.inputs_b, ops)
         finite = _all_finite(aw, ops) and _all_finite(bw, ops)
 
         def products(ks):
@@ -102,14 +108,14 @@ class TensorCore:
         """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does."""
         ops = _arrays.Ops(A)
         a64 = self._checked(A, self.inputs, "A", ops)
-        b64 = self._checked(B, self.inputs, "B", ops)
+        b64 = self._checked(B, self.inputs_b, "B", ops)
         if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
             raise ValueError(f"matmul needs A (M, K) and B (K, N), got {tuple(a64.shape)} and {tuple(b64.shape)}")
         M, K = a64.shape
         N = b64.shape[1]
         c64 = self._c_values(C, (M, N), ops, a64)
         aw, bw = self._work(a64, ops), self._work(b64.T, ops)
-        ea, eb = self._exponents(a64, ops), self._exponents(b64.T, ops)
+        ea, eb = self._exponents(a64, self.inputs, ops), self._exponents(b64.T, self.inputs_b, ops)
         finite = _all_finite(aw, ops) and _all_finite(bw, ops)
         # rows in chunks, so that one block's (rows, N, F) temporaries stay in cache
         rows = max(1, (1 << 19) // max(1, N * self.params.block_size))
@@ -152,8 +158,8 @@ class TensorCore:
             raise ValueError(f"c must have shape {tuple(shape)}, got {tuple(c64.shape)}")
         return c64
 
-    def _exponents(self, x, ops):
-        return alignment_exponents(x, self.inputs, ops)
+    def _exponents(self, x, fmt: Format, ops):
+        return alignment_exponents(x, fmt, ops)
 
     def _work(self, x, ops):
         """Inputs in the narrowest float whose products are exact: float32 for formats of
@@ -164,6 +170,10 @@ class TensorCore:
 
     def _accumulate(self, products, K: int, c, ops, finite: bool = True):
         """All K products with the configured strategy; products(ks) gives those of index array ks."""
+        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 lanes are settled by _specials
+            return self._accumulate_all(products, K, c, ops, finite)
+
+    def _accumulate_all(self, products, K: int, c, ops, finite: bool):
         if self.promote_every:
             slices = [(lo, min(K, lo + self.promote_every)) for lo in range(0, K, self.promote_every)]
             total = c

@@ -54,6 +54,8 @@ def model_for(case: CaptureCase, device: str, **overrides) -> TensorCore:
     meta = case.meta
     output = meta["output"]
     options = {"path": meta.get("path")}
+    if meta.get("inputs_b", meta["inputs"]) != meta["inputs"]:
+        options["inputs_b"] = meta["inputs_b"]
     if meta.get("path") == "fp16" and meta["level"] == "instruction":
         options["instruction_k"] = meta["k"]
     if meta["level"] == "library" and output != "fp32":
@@ -66,9 +68,6 @@ def model_for(case: CaptureCase, device: str, **overrides) -> TensorCore:
 def validate_case(case: CaptureCase, device: str, **overrides) -> CaseResult:
     """Run the model on a case's inputs and count bit-exact rows."""
     meta = case.meta
-    if meta.get("inputs_b", meta["inputs"]) != meta["inputs"]:
-        return CaseResult(meta["name"], meta["inputs"], meta["output"], case.k, 0, 0, [], "-",
-                          note="mixed input formats are not modelled")
     tc = model_for(case, device, **overrides)
     a, b, d = case.a_values, case.b_values, case.d_values
     c = case.c_values

@@ -1,0 +1,188 @@
+"""Numerical features read off probe results: the published test methodology, as a tool.
+
+`measure(tags, a, b, c, d, output)` takes probe rows (see `probes`) and the
+results some hardware or model returned for them, and reports what they show:
+
+- ``window``: the largest shift s for which +2^B - 2^B + 2^(B-s) still returns
+  2^(B-s): bits kept below the leading bit when terms are aligned (23 + the
+  extra alignment bits);
+- ``block_size``: the first n at which 2^B plus n half-ulp terms stops being
+  rounded once as a whole (each further block rounds on its own);
+- ``rounding``: the final rounding mode that explains all rounding probes;
+- ``subnormal_inputs`` / ``subnormal_outputs``: kept or flushed;
+- ``monotonic``: whether enlarging one term ever made the result smaller (the
+  probes' pairs; `monotonicity_example` builds a pair that shows it on any
+  truncating block FMA);
+- ``carry``: whether K same-sign near-maximal products come out correctly rounded;
+- ``signed_zero``: the sign of a sum of negative zeros.
+
+`probe_table(device, ...)` runs the probes through fpsim's model of a device,
+and `measure_capture(case)` reads the same features off real GPU rows, so the
+two can be compared line by line (docs/tensorcore.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+import numpy as np
+
+from .. import exact
+from ..formats import Format, format as get_format
+from . import devices, probes
+from .core import TensorCore
+
+FEATURES = ("window", "block_size", "rounding", "subnormal_inputs", "subnormal_outputs", "monotonic",
+            "carry", "signed_zero")
+_MODES = ("toward_zero", "nearest_even", "nearest_away", "up", "down")
+
+
+def _exact(a_row, b_row, c) -> Fraction:
+    return sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a_row, b_row)), Fraction(0)) + Fraction(float(c))
+
+
+def _param(tag: str, name: str):
+    match = re.search(rf"{name}=([-\w.]+)", tag)
+    return match.group(1) if match else None
+
+
+def measure(tags, a, b, c, d, output: str = "fp32") -> dict:
+    """Features (name -> readable value) shown by probe rows and their results d."""
+    tags = np.asarray(tags).astype(str)
+    d = np.asarray(d, dtype=np.float64)
+
+    def rows(prefix):
+        return [i for i, t in enumerate(tags) if t.startswith(prefix)]
+
+    def is_exact(i) -> bool:
+        value = _exact(a[i], b[i], c[i])
+        return math.isfinite(d[i]) and Fraction(float(d[i])) == value
+
+    found = {}
+    # window: products only, all in the first block
+    shifts = sorted((int(_param(tags[i], "shift")), i) for i in rows("probe:alignment:pp:first:"))
+    if shifts:
+        survived = [s for s, i in shifts if is_exact(i)]
+        lowest_lost = next((s for s, i in shifts if not is_exact(i)), None)
+        if lowest_lost is None:
+            found["window"] = f">= {shifts[-1][0]}"
+        else:
+            kept = [s for s in survived if s < lowest_lost]
+            found["window"] = str(kept[-1]) if kept else f"< {shifts[0][0]}"
+
+    # rounding: which mode explains every rounding probe (no alignment loss there)
+    candidates, out_fmt = [], get_format(output)
+    idx = rows("probe:rounding:")
+    if idx:
+        sums = [_exact(a[i], b[i], c[i]) for i in idx]
+        # the output may keep fewer fraction bits than its format (Hopper FP8: 13)
+        for man_bits in range(out_fmt.man_bits, 3, -1):
+            fmt = Format(out_fmt.exp_bits, man_bits, out_fmt.bias)
+            candidates = [m for m in _MODES if all(exact.round_value(v, fmt, m) == d[i] for v, i in zip(sums, idx))]
+            if candidates:
+                out_fmt = fmt
+                break
+        names = " / ".join(candidates) if candidates else "none of " + ", ".join(_MODES)
+        narrower = get_format(output).man_bits - out_fmt.man_bits
+        found["rounding"] = names + (f", to {out_fmt.man_bits} fraction bits" if narrower and candidates else "")
+    mode = candidates[0] if candidates else "toward_zero"
+    output = out_fmt
+
+    # block size: big term first, then n half-ulp terms, c = 0
+    idx = sorted((int(_param(tags[i], "n")), i) for i in rows("probe:blocksize:bigfirst:half:"))
+    if idx:
+        breaks = [n for n, i in idx if exact.round_value(_exact(a[i], b[i], c[i]), output, mode) != d[i]]
+        found["block_size"] = str(breaks[0]) if breaks else f"> {idx[-1][0]} (one block)"
+
+    for key, prefix in (("subnormal_inputs", "probe:subnormal:input:min*1:first"),
+                        ("subnormal_outputs", "probe:subnormal:output")):
+        idx = rows(prefix)
+        if idx:
+            kept = all(is_exact(i) or exact.round_value(_exact(a[i], b[i], c[i]), output, mode) == d[i]
+                       for i in idx)
+            found[key] = "kept" if kept else "flushed"
+
+    pairs = {}
+    for i in rows("probe:monotonicity:"):
+        pairs.setdefault(tags[i].rsplit(":", 1)[0], {})[tags[i].rsplit(":", 1)[1]] = i
+    if pairs:
+        broken = sum(1 for p in pairs.values() if "lo" in p and "hi" in p and d[p["hi"]] < d[p["lo"]])
+        found["monotonic"] = "yes" if broken == 0 else f"no ({broken} of {len(pairs)} pairs decrease)"
+
+    idx = rows("probe:carry:+:c=zero:")
+    if idx:
+        last = max(idx, key=lambda i: int(_param(tags[i], "n")))
+        correct = exact.round_value(_exact(a[last], b[last], c[last]), output, mode) == d[last]
+        found["carry"] = "no loss" if correct else "low bits lost"
+
+    idx = [i for i in rows("probe:special:zero:products=-0") if math.copysign(1, c[i]) < 0]
+    if idx:
+        found["signed_zero"] = "-0" if math.copysign(1.0, d[idx[0]]) < 0 else "+0"
+    return found
+
+
+INSTRUCTION_K = {"volta": 4, "turing": 4, "ampere": 8, "ada": 8, "hopper": 16, "blackwell": 16}
+"""Products per MMA instruction for binary16/bfloat16 inputs (TF32: half, FP8: 32)."""
+
+
+def instruction_k(device: str, inputs: str) -> int:
+    k = INSTRUCTION_K[devices.generation(device)]
+    return 32 if inputs in ("e4m3", "e5m2") else (k // 2 if inputs == "tf32" else k)
+
+
+def probe_table(device: str, inputs: str, output: str, **options) -> dict:
+    """Features of fpsim's model of a device, read off the standard probes: one
+    instruction for most features, 64 products for the block size and carries."""
+    tc = TensorCore(device, inputs, output, **options)
+    found = {}
+    for k, keep in ((instruction_k(device, inputs), None), (64, ("block_size", "carry"))):
+        rows = probes.probe_rows(inputs, k, output)
+        d = np.asarray(tc.dot(rows.a, rows.b, rows.c), dtype=np.float64)
+        measured = measure(rows.tags, rows.a, rows.b, rows.c, d, output)
+        found.update(measured if keep is None else {key: measured[key] for key in keep if key in measured})
+    found["monotonic"] = monotonicity_example(device, inputs, output, **options)["verdict"]
+    return found
+
+
+def monotonicity_example(device: str, inputs: str, output: str = "fp32", **options) -> dict:
+    """Two dot products where every term of the second is >= the first's, yet its result is smaller.
+
+    c grows from 2 - 2^-23 to 2 (one binary32 ulp) and lifts the largest
+    exponent by one; the window (23 + extra bits below it) moves up a bit and
+    the products 2^-w, which it held, now fall out of it. With enough products
+    the loss exceeds c's growth.
+    """
+    tc = TensorCore(device, inputs, output, **options)
+    window = tc.params.window_bits
+    fmt = get_format(inputs)
+    F = min(tc.params.block_size, 16)
+    small = 2.0 ** -window
+    # split 2^-w into two input-format powers of two
+    ea = max(fmt.emin, -window // 2)
+    a = np.zeros((2, F))
+    b = np.zeros((2, F))
+    a[:, :F - 1], b[:, :F - 1] = 2.0 ** ea, small / 2.0 ** ea
+    c = np.array([2.0 - 2.0 ** -23, 2.0]) if output == "fp32" else np.array([2.0 - 2.0 ** -10, 2.0])
+    if output != "fp32" or not all(exact.round_value(x, inputs) == x for x in (a[0, 0], b[0, 0])):
+        return {"verdict": "not probed", "a": a, "b": b, "c": c, "d": None}
+    d = np.asarray(tc.dot(a, b, c), dtype=np.float64)
+    verdict = "no: result falls from %s to %s" % (repr(float(d[0])), repr(float(d[1]))) if d[1] < d[0] else "yes"
+    return {"verdict": verdict, "a": a, "b": b, "c": c, "d": d}
+
+
+def measure_capture(case) -> dict:
+    """Features read off a captured case's probe rows (real hardware)."""
+    meta = case.meta
+    return measure(case.tags, case.a_values, case.b_values, case.c_values, case.d_values, meta["output"])
+
+
+def generation_table() -> list[dict]:
+    """The probe features of every modelled (generation, inputs, output, path)."""
+    table = []
+    for gen, inputs, output, path in sorted(devices.PARAMETERS):
+        row = {"generation": gen, "inputs": inputs, "output": output, "path": path}
+        row.update(probe_table(gen, inputs, output, path=path))
+        table.append(row)
+    return table
