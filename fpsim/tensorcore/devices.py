@@ -64,8 +64,8 @@ def _table() -> dict:
         t[("hopper", inputs, "fp16", "native")] = BlockFMA(**_FP16_RN, block_size=32, extra_bits=-10,
                                                            min_align_exp=-21)
         put("blackwell", inputs, block_size=32, extra_bits=8, rounding="nearest_even", min32=-133)
+        t[("hopper", inputs, "fp32", "fp16")] = BlockFMA(**_FP32_RZ, **_FP8_AS_FP16, min_align_exp=-133)
         for gen in ("hopper", "blackwell"):
-            t[(gen, inputs, "fp32", "fp16")] = BlockFMA(**_FP32_RZ, **_FP8_AS_FP16, min_align_exp=-133)
             t[(gen, inputs, "fp16", "fp16")] = BlockFMA(**_FP16_RN, **_FP8_AS_FP16, min_align_exp=-21)
     return t
 
