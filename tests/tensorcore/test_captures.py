@@ -223,7 +223,10 @@ def test_is_representable_against_casts():
 # ----------------------------------------------------------- bundled data
 def test_bundled_captures_present_and_valid():
     found = bundled_captures()
-    assert set(found) == set(GPUS)
+    assert set(found) == set(GPUS) | {"h200"}
+    own = load_capture(found.pop("h200"))       # fpsim's own capture: see H200.md
+    assert own.meta["gpu"] == "NVIDIA H200" and own.meta["compute_capability"] == "9.0"
+    assert not own.meta["failures"] and len(own.cases) == 79
     for name, path in found.items():
         capture = load_capture(path)              # full validation, values included
         assert capture.meta["gpu"] == f"NVIDIA {name.upper()}"
