@@ -147,7 +147,9 @@ def _round_big_integers(array, result, big, fmt, options, ops):
 
     values = array.cpu().numpy() if ops.torch else np.asarray(array)
     rounded = (result.cpu().numpy() if ops.torch else np.asarray(result)).copy()
-    for index in zip(*np.nonzero(big)):
+    for index in np.ndindex(big.shape):
+        if not big[index]:
+            continue
         rounded[index] = round_value(int(values[index]), fmt, options["rounding"], options["saturate"],
                                      flush_subnormal_inputs=options["flush_inputs"],
                                      flush_subnormal_outputs=options["flush_outputs"])
