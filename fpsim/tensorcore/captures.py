@@ -569,9 +569,9 @@ def upstream_case_rules(gpu: str, inputs: str, output: str) -> dict:
         return {"c": "fp16", "c_format": "fp16",
                 "why": "fp16 output: the accumulator is binary16, so c was rounded to binary16 "
                        "(nearest-even) before the instruction; c holds that rounded value"}
-    if fp8 and gpu.upper() == "H100":
+    if fp8 and gpu.upper() in ("H100", "H200"):
         return {"c": "zero", "c_format": "fp32",
-                "why": "H100 FP8 with fp32 output: the kernel computed d = a.b with c = 0; "
+                "why": f"{gpu.upper()} FP8 with fp32 output: the kernel computed d = a.b with c = 0; "
                        "the c file was not used, so c holds zeros"}
     return {"c": "fp32", "c_format": "fp32", "why": "c is the binary32 value of the c file"}
 
