@@ -204,3 +204,25 @@ def test_exact_reference_breaks_float64_ties_correctly():
     got = reference_dot(a, np.ones_like(a), method="exact")
     assert got[0] == np.float32(1 + 2.0**-23)
     assert math.isclose(float(got[0]), 1 + 2.0**-23)
+
+
+def test_validate_command_on_a_capture_written_from_the_model(tmp_path, capsys):
+    """The schema, the writer and `fpsim validate` end to end, on a capture the model itself made
+    (what a CPU-only machine can check); a corrupted row is then reported as a mismatch."""
+    from fpsim.cli import main
+    from fpsim.tensorcore.captures import Capture, CaptureCase, f32_bits, new_meta, save_capture
+
+    rng = np.random.default_rng(6)
+    a = np.asarray(fpsim.quantize(rng.standard_normal((300, 8)), "bf16"), dtype=np.float64)
+    b = np.asarray(fpsim.quantize(rng.standard_normal((300, 8)), "bf16"), dtype=np.float64)
+    c = np.asarray(fpsim.quantize(rng.standard_normal(300), "fp32"), dtype=np.float64)
+    d = TensorCore("a100", "bf16", "fp32").dot(a, b, c)
+    meta = {"name": "model_bf16", "kind": "dot", "level": "instruction", "inputs": "bf16", "c_format": "fp32",
+            "output": "fp32", "k": 8, "instruction": "model", "flags": {}, "notes": "written by the model"}
+    d_bits = f32_bits(d)
+    d_bits[7] ^= 1  # one wrong bit in row 7
+    case = CaptureCase(meta, f32_bits(a), f32_bits(b), f32_bits(c), d_bits, np.array(["random"] * 300))
+    path = save_capture(Capture(new_meta("NVIDIA A100", source="fpsim model"), [case]), tmp_path / "model.npz")
+    assert main(["validate", str(path), "--show", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "model_bf16" in out and "299/300 values bit-exact" in out and "row 7 [random]" in out
