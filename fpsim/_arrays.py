@@ -166,10 +166,10 @@ class Ops:
         return np.left_shift(np.int64(one), shifts)
 
     def random_ints(self, shape, bits: int, rng):
-        """Uniform integers in [0, 2^bits) from an explicit generator."""
+        """Uniform integers in [0, 2^bits) from an explicit generator (numpy: uint32 up to 32 bits)."""
         if self.torch:
             return _torch.randint(0, 1 << bits, shape, generator=rng, device=self.device, dtype=_torch.int64)
-        return rng.integers(0, 1 << bits, size=shape, dtype=np.int64)
+        return rng.integers(0, 1 << bits, size=shape, dtype=np.uint32 if bits <= 32 else np.int64)
 
     def generator(self, seed, generator):
         """An explicit random generator for this backend (fresh entropy when neither is given)."""

@@ -1,4 +1,5 @@
-/* Compiled fast path of fpsim's rounding engine: float32 input, deterministic modes.
+/* Compiled fast path of fpsim's rounding engine: float32 input, every mode (stochastic
+ * rounding takes its draws from the caller: the same draws the numpy engine would use).
  *
  * The numerics live in fpsim/rounding.py; this kernel repeats only the core
  * step, for speed, and takes every edge case as data computed by that engine:
@@ -20,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD };
+enum { NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC };
 enum { OUT_F32 = 0, OUT_U8 = 1, OUT_U16 = 2, OUT_U32 = 4 };
 
 typedef struct {
@@ -32,12 +33,18 @@ typedef struct {
     uint32_t subnormal_band;   /* pass 2 rounds onto the subnormal grid */
     int32_t emin, man_bits;
     uint32_t over[2], inf[2], nan[2], zero[2], negative; /* outputs for edge inputs, by sign */
+    const uint32_t *draws;     /* stochastic: one uniform draw in [0, 2^rbits) per element */
+    uint32_t rbits;
 } params_t;
 
-/* The magnitude bits `a` rounded at bit `drop`; s is the sign bit. */
-static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_t drop) {
+/* The magnitude bits `a` rounded at bit `drop`; s is the sign bit. Stochastic
+   rounding carries when the dropped bits, read as an rbits-bit fraction
+   (shifted by ls, then rs), plus the draw reach 2^rbits. */
+static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_t drop, uint32_t draw,
+                                       uint32_t rbits, uint32_t ls, uint32_t rs) {
     const uint32_t ulp = 1u << drop, low = ulp - 1u, keep = ~low;
     switch (mode) {
+    case STOCHASTIC: return (a & keep) + (((((a & low) << ls) >> rs) + draw) >> rbits << drop);
     case NEAREST_EVEN: return (a + (low >> 1) + ((a >> drop) & 1u)) & keep;
     case NEAREST_AWAY: return (a + (ulp >> 1)) & keep;
     case TOWARD_ZERO: return a & keep;
@@ -60,7 +67,8 @@ static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_
         for (Py_ssize_t i = 0; i < n; i++) {                                           \
             uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
             uint32_t neg = s >> 31;                                                     \
-            uint32_t r = round_magnitude(MODE, a, s, drop);                             \
+            uint32_t r = round_magnitude(MODE, a, s, drop, MODE == STOCHASTIC ? draws[i] : 0u, \
+                                         rbits, ls, rs);                               \
             uint32_t res = (NORMAL_EXPR);                                               \
             res = SEL(r > hi, SEL(neg, over1, over0), res);                             \
             uint32_t special = SEL(a == 0x7f800000u, SEL(neg, inf1, inf0), SEL(neg, nan1, nan0)); \
@@ -78,7 +86,8 @@ static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_
         OUT_T *restrict out_ = (OUT_T *)dst;                                           \
         for (Py_ssize_t i = 0; i < n; i++) {                                           \
             uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
-            uint32_t r = round_magnitude(MODE, a, s, drop);                             \
+            uint32_t r = round_magnitude(MODE, a, s, drop, MODE == STOCHASTIC ? draws[i] : 0u, \
+                                         rbits, ls, rs);                               \
             uint32_t ok = (((u & band_mask) - lo) <= span) | ((a == 0) & plain_zero);   \
             out_[i] = (OUT_T)SEL(a == 0, SEL(neg_zero_code, s >> sign_shift, s), (NORMAL_EXPR)); \
             flags |= SEL(ok, 0u, SEL(a < lo, 1u, 2u));                                   \
@@ -104,6 +113,8 @@ static uint32_t pass0(int mode, int out, const uint32_t *restrict src, void *res
     /* zeros come out as signed zeros (code: the sign bit alone) when the format has -0 */
     const uint32_t plain_zero = p->zero[0] == 0 && p->zero[1] == (out == OUT_F32 ? 0x80000000u : 1u << (31 - sign_shift));
     const uint32_t neg_zero_code = out != OUT_F32;
+    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
+    const uint32_t ls = rbits >= drop ? rbits - drop : 0u, rs = drop > rbits ? drop - rbits : 0u;
     uint32_t flags = 0; /* 1: inputs below min normal (pass 2); 2: anything else (pass 1) */
 #define DISPATCH_OUT0(MODE)                                                             \
     switch (out) {                                                                      \
@@ -118,6 +129,7 @@ static uint32_t pass0(int mode, int out, const uint32_t *restrict src, void *res
     case TOWARD_ZERO: DISPATCH_OUT0(TOWARD_ZERO) break;
     case UP: DISPATCH_OUT0(UP) break;
     case DOWN: DISPATCH_OUT0(DOWN) break;
+    case STOCHASTIC: DISPATCH_OUT0(STOCHASTIC) break;
     default: DISPATCH_OUT0(ODD) break;
     }
     return flags;
@@ -130,6 +142,8 @@ static uint32_t pass1(int mode, int out, const uint32_t *restrict src, void *res
     const uint32_t unsigned_fmt = !p->is_signed, negative = p->negative;
     const uint32_t over0 = p->over[0], over1 = p->over[1], inf0 = p->inf[0], inf1 = p->inf[1];
     const uint32_t nan0 = p->nan[0], nan1 = p->nan[1], zero0 = p->zero[0], zero1 = p->zero[1];
+    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
+    const uint32_t ls = rbits >= drop ? rbits - drop : 0u, rs = drop > rbits ? drop - rbits : 0u;
     uint32_t below = 0; /* whether pass 2 has work */
 #define DISPATCH_OUT(MODE)                                                              \
     switch (out) {                                                                      \
@@ -144,6 +158,7 @@ static uint32_t pass1(int mode, int out, const uint32_t *restrict src, void *res
     case TOWARD_ZERO: DISPATCH_OUT(TOWARD_ZERO) break;
     case UP: DISPATCH_OUT(UP) break;
     case DOWN: DISPATCH_OUT(DOWN) break;
+    case STOCHASTIC: DISPATCH_OUT(STOCHASTIC) break;
     default: DISPATCH_OUT(ODD) break;
     }
     return below;
@@ -196,6 +211,12 @@ static Py_ssize_t pass2(int mode, int out, const uint32_t *src, void *dst, Py_ss
         case TOWARD_ZERO: break;
         case UP: up = inexact && !s; break;
         case DOWN: up = inexact && s; break;
+        case STOCHASTIC: {
+            uint32_t ls = p->rbits >= (uint32_t)d ? p->rbits - (uint32_t)d : 0u;
+            uint32_t rs = (uint32_t)d > p->rbits ? (uint32_t)d - p->rbits : 0u;
+            up = (((rest << ls) >> rs) + p->draws[i]) >> p->rbits;
+            break;
+        }
         default: keep |= inexact; break;
         }
         keep += up;
@@ -233,7 +254,10 @@ static inline uint32_t as_bits(float f) {
             d = d < 1 ? 1 : (d > 26 ? 26 : d);                                          \
             uint32_t keep = sig >> d, rest = sig & ((1u << d) - 1u), half = 1u << (d - 1); \
             uint32_t inexact = rest != 0, neg = s >> 31;                                \
-            uint32_t up = MODE == NEAREST_EVEN ? (rest > half) | ((rest == half) & keep) \
+            uint32_t sls = SEL(rbits >= (uint32_t)d, rbits - (uint32_t)d, 0u);              \
+            uint32_t srs = SEL((uint32_t)d > rbits, (uint32_t)d - rbits, 0u);              \
+            uint32_t up = MODE == STOCHASTIC ? (((rest << sls) >> srs) + (MODE == STOCHASTIC ? draws[i] : 0u)) >> rbits \
+                        : MODE == NEAREST_EVEN ? (rest > half) | ((rest == half) & keep) \
                         : MODE == NEAREST_AWAY ? rest >= half                           \
                         : MODE == UP ? inexact & (neg ^ 1u)                             \
                         : MODE == DOWN ? inexact & neg : 0u;                            \
@@ -251,6 +275,7 @@ static void pass2_grid(int mode, int out, const uint32_t *restrict src, void *re
     const int32_t quantum_exp = p->emin - p->man_bits; /* >= -149 for the formats the caller sends */
     const float quantum = pow2f(quantum_exp);
     const uint32_t lo = p->lo, sign_shift = p->sign_shift, zero0 = p->zero[0], zero1 = p->zero[1];
+    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
 #define DISPATCH_OUT2(MODE)                                                             \
     switch (out) {                                                                      \
     case OUT_F32: PASS2V(MODE, uint32_t, 0); break;                                     \
@@ -264,6 +289,7 @@ static void pass2_grid(int mode, int out, const uint32_t *restrict src, void *re
     case TOWARD_ZERO: DISPATCH_OUT2(TOWARD_ZERO) break;
     case UP: DISPATCH_OUT2(UP) break;
     case DOWN: DISPATCH_OUT2(DOWN) break;
+    case STOCHASTIC: DISPATCH_OUT2(STOCHASTIC) break;
     default: DISPATCH_OUT2(ODD) break;
     }
 }
@@ -277,24 +303,27 @@ static int parse_pair(PyObject *seq, uint32_t pair[2]) {
 }
 
 static PyObject *round_f32(PyObject *self, PyObject *args) {
-    Py_buffer src, dst;
+    Py_buffer src, dst, draws;
     int mode, out;
     params_t p;
-    unsigned int lo, hi, drop, rebias, sign_shift, is_signed, subnormal_band, negative;
+    unsigned int lo, hi, drop, rebias, sign_shift, is_signed, subnormal_band, negative, rbits;
     int emin, man_bits;
     PyObject *over, *inf, *nan, *zero;
-    if (!PyArg_ParseTuple(args, "y*w*iiIIIIIIIiiO!O!O!O!I", &src, &dst, &mode, &out, &lo, &hi, &drop, &rebias,
+    if (!PyArg_ParseTuple(args, "y*w*iiIIIIIIIiiO!O!O!O!Iy*I", &src, &dst, &mode, &out, &lo, &hi, &drop, &rebias,
                           &sign_shift, &is_signed, &subnormal_band, &emin, &man_bits, &PyTuple_Type, &over,
-                          &PyTuple_Type, &inf, &PyTuple_Type, &nan, &PyTuple_Type, &zero, &negative))
+                          &PyTuple_Type, &inf, &PyTuple_Type, &nan, &PyTuple_Type, &zero, &negative, &draws,
+                          &rbits))
         return NULL;
     Py_ssize_t n = src.len / 4;
     Py_ssize_t need = out == OUT_F32 ? n * 4 : n * out;
     int ok = parse_pair(over, p.over) && parse_pair(inf, p.inf) && parse_pair(nan, p.nan) &&
              parse_pair(zero, p.zero);
-    if (!ok || src.len % 4 || dst.len < need || mode < NEAREST_EVEN || mode > ODD || hi < lo || drop > 23 ||
-        emin - man_bits < -149) {
+    int stochastic = mode == STOCHASTIC;
+    if (!ok || src.len % 4 || dst.len < need || mode < NEAREST_EVEN || mode > STOCHASTIC || hi < lo || drop > 23 ||
+        emin - man_bits < -149 || (stochastic && (draws.len < n * 4 || rbits < 1 || rbits > 26))) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
+        PyBuffer_Release(&draws);
         if (ok) PyErr_SetString(PyExc_ValueError, "round_f32: bad buffer sizes or parameters");
         return NULL;
     }
@@ -308,6 +337,8 @@ static PyObject *round_f32(PyObject *self, PyObject *args) {
     p.emin = emin;
     p.man_bits = man_bits;
     p.negative = negative;
+    p.draws = stochastic ? (const uint32_t *)draws.buf : NULL;
+    p.rbits = stochastic ? rbits : 0u;
     Py_ssize_t left = 0;
     Py_BEGIN_ALLOW_THREADS
     /* With no mantissa bits the kept significand is the implicit 1, always odd,
@@ -324,13 +355,14 @@ static PyObject *round_f32(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    PyBuffer_Release(&draws);
     return PyLong_FromSsize_t(left);
 }
 
 static PyMethodDef methods[] = {
     {"round_f32", round_f32, METH_VARARGS,
      "round_f32(src, dst, mode, out, lo, hi, drop, rebias, sign_shift, is_signed, subnormal_band, emin, "
-     "man_bits, over, inf, nan, zero, negative) -> number of elements left to the caller"},
+     "man_bits, over, inf, nan, zero, negative, draws, rbits) -> number of elements left to the caller"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastround",

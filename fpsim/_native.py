@@ -1,6 +1,6 @@
 """The compiled fast path of the rounding engine (fpsim/_fastround.c), and its bridge.
 
-The kernel covers float32 numpy input in the deterministic modes, for formats
+The kernel covers float32 numpy input in every mode, for formats
 inside float32's range. It takes every edge value (overflow, Inf, NaN, zero,
 negative input of an unsigned format) as data computed here by the numpy
 engine, and hands back the few elements it does not round (inputs below min
@@ -21,7 +21,8 @@ try:
 except ImportError:  # built without a compiler: the numpy engine does everything
     _fastround = None
 
-_MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "up": 3, "down": 4, "odd": 5}
+_MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "up": 3, "down": 4, "odd": 5, "stochastic": 6}
+FLOAT32_RAND_BITS = 26  # exact stochastic rounding of float32 input: 23 + 3 bits, as the numpy engine
 _FLOAT32_MIN_NORMAL_BITS = 0x00800000
 # Inputs whose result depends only on sign, mode and options, in pairs (+, -):
 # overflow, Inf, NaN, zero; then a negative value (for unsigned formats).
@@ -47,16 +48,24 @@ def covers(work, fmt: Format, rounding: str) -> bool:
 
 
 def _reference(fmt: Format, options: tuple, codes: bool):
-    """The numpy engine for float32 input: values, or codes when `codes` (what the kernel must match)."""
+    """The numpy engine for float32 input: values, or codes when `codes` (what the kernel must match).
+
+    reference(values, draws) takes the stochastic draws of those values (the largest by default).
+    """
     from . import _arrays
     from .codec import _pack, code_dtype
     from .rounding import round_bits
 
     engine_options = dict(options)
 
-    def reference(values):
+    def reference(values, draws=None):
         ops = _arrays.Ops(values)
-        rounded = round_bits(values, fmt, ops, **engine_options)
+        if engine_options["rounding"] == "stochastic" and draws is None:
+            # the largest draw: every inexact value rounds away from zero, so the
+            # overflow edge input (float32 max) overflows as it can in the kernel
+            bits = engine_options["rand_bits"] or FLOAT32_RAND_BITS
+            draws = np.full(values.shape, (1 << bits) - 1, dtype=np.uint32)
+        rounded = round_bits(values, fmt, ops, random_ints=draws, **engine_options)
         return _pack(rounded, fmt, ops).astype(code_dtype(fmt)) if codes else rounded
 
     return reference
@@ -78,12 +87,19 @@ def _edge_answers(fmt: Format, options: tuple, codes: bool) -> tuple:
     return tuple(answers)
 
 
-def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, codes: bool):
-    """Round float32 `work` with the kernel: float32 values, or codes when `codes`."""
+def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, codes: bool,
+        rand_bits=None, draws=None):
+    """Round float32 `work` with the kernel: float32 values, or codes when `codes`.
+
+    Stochastic rounding needs `draws`: one integer in [0, 2^r) per element, r =
+    rand_bits or 26 (the same draws the numpy engine takes).
+    """
     from .codec import code_dtype
 
     options = (("rounding", rounding), ("saturate", saturate), ("flush_inputs", flush_inputs),
-               ("flush_outputs", flush_outputs))
+               ("flush_outputs", flush_outputs), ("rand_bits", rand_bits))
+    stochastic = rounding == "stochastic"
+    draw_buffer = np.ascontiguousarray(draws, dtype=np.uint32).reshape(-1) if stochastic else b""
     src = np.ascontiguousarray(work)
     out_dtype = code_dtype(fmt) if codes else np.dtype(np.float32)
     dst = np.empty(src.shape, dtype=out_dtype)
@@ -96,10 +112,12 @@ def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flus
         src, dst.view(np.uint8), _MODES[rounding], out_dtype.itemsize if codes else 0, lo, hi,
         23 - fmt.man_bits, ((127 - fmt.bias) << fmt.man_bits) & 0xFFFFFFFF, 31 - (fmt.exp_bits + fmt.man_bits),
         int(fmt.signed), int(fmt.subnormals and fmt.zero and not flush and fmt.emin >= -126), fmt.emin,
-        fmt.man_bits, over, inf, nan, zero, answers[8],
+        fmt.man_bits, over, inf, nan, zero, answers[8], draw_buffer,
+        (rand_bits or FLOAT32_RAND_BITS) if stochastic else 0,
     )
     if left:
         magnitude = src.view(np.uint32) & np.uint32(0x7FFFFFFF)
         redo = (magnitude < lo) & (magnitude != 0)
-        dst[redo] = _reference(fmt, options, codes)(src[redo])
+        subset_draws = np.asarray(draws).reshape(src.shape)[redo] if stochastic else None
+        dst[redo] = _reference(fmt, options, codes)(src[redo], subset_draws)
     return dst

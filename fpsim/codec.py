@@ -53,22 +53,31 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
 
 def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
     """Codes straight from the compiled kernel for float32/float16 numpy arrays, else None."""
-    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16) or seed is not None:
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16):
         return None
-    if options.get("generator") is not None or options.get("rand_bits") is not None:
-        return None
+    unknown = set(options) - {"flush_subnormal_inputs", "flush_subnormal_outputs", "generator", "rand_bits"}
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     work = x.astype(np.float32, copy=False)
+    check_rounding(rounding)
     if not _native.covers(work, fmt, rounding):
         return None
     if not fmt.has_nan and (np.isnan(work).any() or (not fmt.signed and (work < 0).any())):
         return None  # the numpy path raises the error that names the element
-    flush_inputs = bool(options.get("flush_subnormal_inputs", False))
-    flush_outputs = bool(options.get("flush_subnormal_outputs", False))
-    unknown = set(options) - {"flush_subnormal_inputs", "flush_subnormal_outputs", "generator", "rand_bits"}
-    if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    return _native.run(work, fmt, rounding=rounding, saturate=bool(saturate), flush_inputs=flush_inputs,
-                       flush_outputs=flush_outputs, codes=True)
+    rand_bits = options.get("rand_bits")
+    draws = None
+    if rounding == "stochastic":  # the same draws quantize() would take
+        if rand_bits is not None and not 1 <= rand_bits <= _native.FLOAT32_RAND_BITS:
+            return None
+        ops = _arrays.Ops(work)
+        rng = ops.generator(seed, options.get("generator"))
+        draws = ops.random_ints(work.shape, rand_bits or _native.FLOAT32_RAND_BITS, rng)
+    elif seed is not None or options.get("generator") is not None or rand_bits is not None:
+        return None  # quantize() refuses these with a clear error
+    return _native.run(work, fmt, rounding=rounding, saturate=bool(saturate),
+                       flush_inputs=bool(options.get("flush_subnormal_inputs", False)),
+                       flush_outputs=bool(options.get("flush_subnormal_outputs", False)),
+                       codes=True, rand_bits=rand_bits, draws=draws)
 
 
 def decode(codes, fmt: "str | Format"):
@@ -82,7 +91,7 @@ def decode(codes, fmt: "str | Format"):
 
 # ---------------------------------------------------------------- packing
 def _as_working(values, fmt, ops):
-    wide = fmt.exp_bits > 8 or fmt.man_bits > 23
+    wide = not PRESETS["fp32"].contains(fmt)  # e.g. a custom format reaching below 2^-149
     if ops.torch:
         torch = _arrays._torch
         return values.to(torch.float64 if wide else torch.float32)

@@ -10,8 +10,8 @@ by one. Overflow is judged on that result, as IEEE 754 does with an
 unbounded exponent.
 
 The same code runs on numpy arrays and torch tensors (see `_arrays.Ops`). A
-compiled kernel (`_native`) takes over the common case, float32 numpy input
-in the format's normal range; it is tested to give identical bits.
+compiled kernel (`_native`) takes over float32 input on the CPU; it is tested
+to give identical bits (for stochastic rounding, with the same draws).
 """
 
 from __future__ import annotations
@@ -92,25 +92,29 @@ def quantize(
         work, big_integers = _integers_as_float64(array, ops)
     else:
         work = _working_values(array, out_fmt, ops)
-    result = None
-    if rng is None:
-        result = _quantize_native(work, fmt, ops, options)
+    draws = None
+    if rng is not None:  # one draw per element, whichever path rounds them
+        width = 64 if str(work.dtype).endswith("float64") else 32
+        draws = ops.random_ints(tuple(work.shape), rand_bits or _LAYOUT[width][0] + 3, rng)
+    result = _quantize_native(work, fmt, ops, options, draws)
     if result is None:
-        result = round_bits(work, fmt, ops, rng=rng, **options)
+        result = round_bits(work, fmt, ops, random_ints=draws, **options)
     if big_integers is not None:
         result = _round_big_integers(array, result, big_integers, fmt, options, ops)
     result = _to_result_dtype(result, out_fmt, ops)
     return result[()] if scalar else result
 
 
-def _quantize_native(work, fmt: Format, ops, options):
+def _quantize_native(work, fmt: Format, ops, options, draws=None):
     """The compiled kernel's result for float32 input on the CPU, or None where it does not apply."""
     host = work.numpy() if ops.torch and work.device.type == "cpu" else work
     if not _native.covers(host, fmt, options["rounding"]):
         return None
+    if draws is not None and ops.torch:
+        draws = draws.numpy()
     result = _native.run(host, fmt, rounding=options["rounding"], saturate=options["saturate"],
                          flush_inputs=options["flush_inputs"], flush_outputs=options["flush_outputs"],
-                         codes=False)
+                         codes=False, rand_bits=options["rand_bits"], draws=draws)
     return _arrays._torch.from_numpy(result) if ops.torch else result
 
 
