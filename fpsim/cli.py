@@ -153,6 +153,31 @@ def cmd_capture(args, rest) -> int:
     return gpu_capture.main(rest)
 
 
+def cmd_study(args) -> int:
+    """Run reproducible studies: regenerate their figures and Markdown pages."""
+    from . import studies
+
+    if args.list or not args.names:
+        for name, title in studies.available():
+            print(f"{name:22} {title}")
+        if not args.list:
+            print("\nrun one with: fpsim study NAME [--fast] [--out DIR]  (or: fpsim study all)")
+        return 0
+    names = list(studies.STUDIES) if args.names == ["all"] else args.names
+    for name in names:
+        if name not in studies.STUDIES:
+            raise ValueError(f"unknown study {name!r}; allowed: {', '.join(studies.STUDIES)} or all")
+    for name in names:
+        print(f"study {name}{' (fast)' if args.fast else ''} ...", file=sys.stderr, flush=True)
+        result = studies.run(name, fast=args.fast, out=args.out)
+        print(f"{name}: {result.finding}")
+        print(f"  page    {result.page}")
+        for path in result.figures:
+            print(f"  figure  {path}")
+        print(f"  {result.seconds:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="fp32")
     p.add_argument("--path", choices=["native", "fp16"])
     p.set_defaults(func=cmd_probes)
+
+    p = sub.add_parser("study", help="run reproducible studies: regenerate their figures and pages in docs/")
+    p.add_argument("names", nargs="*", metavar="NAME", help="study name(s), or all (fpsim study --list)")
+    p.add_argument("--fast", action="store_true", help="quick version: fewer points and smaller sizes")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for figures/studies/*.png and studies/NAME.md (default: the repository's docs/)")
+    p.add_argument("--list", action="store_true", help="list the studies and exit")
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU "
                                        "(options: fpsim capture --help)", add_help=False)
