@@ -110,6 +110,8 @@ def _quantize_native(work, fmt: Format, ops, options, draws=None):
     host = work.numpy() if ops.torch and work.device.type == "cpu" else work
     if not _native.covers(host, fmt, options["rounding"]):
         return None
+    if (options["rand_bits"] or 0) > _native.FLOAT32_RAND_BITS:
+        return None  # more random bits than a float32 input has below its last bit
     if draws is not None and ops.torch:
         draws = draws.numpy()
     result = _native.run(host, fmt, rounding=options["rounding"], saturate=options["saturate"],
