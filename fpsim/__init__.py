@@ -7,6 +7,7 @@ The public API (see README.md and docs/):
     codes = fpsim.encode(x, "bf16"); values = fpsim.decode(codes, "bf16")
 """
 
+from .analyze.hooks import watch
 from .codec import decode, encode
 from .exact import ROUNDING_MODES
 from .formats import ALIASES, PRESETS, Format, format
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "TensorCore", "decode", "encode", "format", "quantize",
-    "__version__",
+    "watch", "__version__",
 ]

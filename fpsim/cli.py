@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from fractions import Fraction
 
@@ -178,6 +179,108 @@ def cmd_study(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------- analyzer (demo, analyze)
+class _Progress:
+    """One line on stderr, rewritten in place after each optimizer step (stdlib only)."""
+
+    def __init__(self, what: str, total=None, stream=None):
+        import time
+
+        self.what, self.total, self.stream = what, total, stream or sys.stderr
+        self.start, self.time, self.shown = time.perf_counter(), time.perf_counter, False
+
+    def __call__(self, step: int) -> None:
+        now = self.time()
+        if self.shown and step != self.total and now - self._last < 0.2:
+            return
+        self._last, self.shown = now, True
+        rate = step / max(now - self.start, 1e-9)
+        of = f"/{self.total}" if self.total else ""
+        self.stream.write(f"\rfpsim {self.what}: step {step}{of}  {rate:.1f} steps/s  {now - self.start:.0f} s ")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _analyzer_formats(text: str):
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _print_report(report, paths: dict, out) -> None:
+    print(report.summary_table())
+    if paths:
+        print(f"\nreport written to {out}/: " + ", ".join(sorted(os.path.basename(p) for p in paths.values())))
+
+
+def cmd_demo(args) -> int:
+    """Train the bundled demo model on generated data, observe it, write and summarise the report."""
+    from .analyze.demo import run_demo
+
+    progress = _Progress("demo", args.steps)
+    try:
+        report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every,
+                                        formats=_analyzer_formats(args.formats), threads=args.threads,
+                                        on_step=progress)
+    finally:
+        progress.done()
+    print(f"SensorNet on generated sensor data: {args.steps} steps, loss {facts['first_loss']:.3f} -> "
+          f"{facts['last_loss']:.3f}, test accuracy {facts['test_accuracy']:.1%}, {facts['seconds']:.1f} s\n")
+    _print_report(report, paths, args.out)
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    """Observe an unmodified training script (or the demo) and write the report."""
+    if args.demo:
+        if args.steps is None:
+            from .analyze.demo import DEMO_STEPS
+
+            args.steps = DEMO_STEPS
+        return cmd_demo(args)
+    if not args.script:
+        raise ValueError("give a training script (fpsim analyze train.py -- ARGS) or --demo")
+    from .analyze.runner import run_script
+
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    progress = _Progress("analyze", args.steps)
+    try:
+        report, paths = run_script(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
+                                   formats=_analyzer_formats(args.formats), modules=args.modules,
+                                   on_step=progress)
+    except KeyboardInterrupt:
+        progress.done()
+        print(f"fpsim analyze: interrupted; the report so far is in {args.out}/", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, FileNotFoundError):
+        progress.done()
+        raise
+    except Exception as err:
+        progress.done()
+        print(f"fpsim analyze: the training script raised {type(err).__name__}: {err}\n"
+              f"the report so far is in {args.out}/", file=sys.stderr)
+        return 1
+    progress.done()
+    if report is None:
+        print("fpsim analyze: nothing was observed", file=sys.stderr)
+        return 1
+    _print_report(report, paths, args.out)
+    return 0
+
+
+def _add_analyzer_options(p, default_steps) -> None:
+    p.add_argument("--out", default="fpsim-report", metavar="DIR", help="report folder (default fpsim-report)")
+    p.add_argument("--steps", type=int, default=default_steps, metavar="N",
+                   help="stop after N optimizer steps" + (f" (default {default_steps})" if default_steps else ""))
+    p.add_argument("--every", type=int, default=1, metavar="N", help="observe every N-th step (default 1)")
+    p.add_argument("--formats", default="fp16,bf16,e4m3,e5m2", help="formats to judge, comma-separated")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the demo (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU "
                                        "(options: fpsim capture --help)", add_help=False)
     p.set_defaults(func=cmd_capture, passthrough=True)
+    p = sub.add_parser("demo", help="train a small model on generated data, observe it, write a gradient-"
+                                    "underflow report (fpsim-report/)")
+    _add_analyzer_options(p, 300)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="observe a training script: which layers need loss scaling or FP32 "
+                                       "(fpsim analyze train.py -- ARGS)")
+    p.add_argument("script", nargs="?", help="the training script, run as `python SCRIPT ARGS` would")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
+    _add_analyzer_options(p, None)
+    p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
+                   help="which modules to record (default params: modules holding parameters)")
+    p.add_argument("--demo", action="store_true", help="run the demo instead of a script (as fpsim demo)")
+    p.set_defaults(func=cmd_analyze)
     return parser
 
 

@@ -1,0 +1,289 @@
+"""Exact log2-magnitude histograms: counted on the tensor's device, read as numpy.
+
+Counting (`Log2Counter.count`) reads the bits of each float32 value: the
+8-bit exponent field F and whether the 23 mantissa bits are all zero. So bin
+e holds the values with 2^e <= |x| < 2^(e+1) exactly (no log2 rounding), and
+inside each bin the exact powers of two (|x| == 2^e) are counted apart: they
+are the values that tie when a format's rounding-to-zero threshold
+(min_subnormal / 2) is a power of two, which it always is. Zeros, +Inf, -Inf
+and NaN get their own counts. A handful of elementwise integer passes and one
+bincount, no host synchronisation (on CUDA the counts go through index_add_,
+because bincount reads the maximum back to the host).
+
+Float32 subnormals (nonzero |x| < 2^-126) are counted exactly but not split
+into binades: that would cost a second pass over every tensor, and such
+values lie below every fp16/fp8 threshold. Fractions treat them
+conservatively (see `Log2Histogram.underflow`). float16 and bfloat16 tensors
+are widened to float32 first (exact); float64 tensors are counted from their
+own bits, with magnitudes below 2^-126 joining the same `tiny` count and
+finite magnitudes of 2^128 or more counted as `huge`.
+
+The device layout (RAW_SIZE int64 counters) is
+``index = (sign << 9 | F << 1 | mantissa_nonzero)`` for the 1024 float32
+classes, then two `huge` counters (+, -) used only by float64 input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+E_LO = -126
+"""Lowest binade with its own bin: float32's smallest normal exponent."""
+E_HI = 127
+"""Highest binade of float32."""
+N_BINS = E_HI - E_LO + 1
+RAW_SIZE = 1026
+TINY_LOG2_RANGE = (-149, -126)
+"""The magnitudes [2^-149, 2^-126) of float32 subnormals, counted together as `tiny`."""
+
+_F32_MANTISSA = 0x7FFFFF
+_F64_MANTISSA = (1 << 52) - 1
+_CPU_CHUNK = 1 << 16
+
+
+def _index_f32(flat):
+    """sign << 9 | exponent field << 1 | (mantissa != 0), as int32, for a flat float32 tensor."""
+    import torch
+
+    bits = flat.view(torch.int32)
+    sign_exponent2 = (bits >> 22).bitwise_and_(0x3FE)
+    mantissa_nonzero = (bits & _F32_MANTISSA).clamp_max_(1)
+    return sign_exponent2.add_(mantissa_nonzero)
+
+
+class Log2Counter:
+    """Counts tensors into the RAW_SIZE layout on their own device (constants cached per device)."""
+
+    def __init__(self):
+        self._f64_maps = {}
+
+    def count(self, x):
+        """(counts int64[RAW_SIZE], min, max) of a floating tensor; nothing read back to the host.
+
+        max(high, -low) is the tensor's amax: NaN when it holds a NaN, Inf when it holds an Inf.
+        """
+        import torch
+
+        x = x.detach()
+        if x.dtype == torch.float64:
+            idx, size = self._index_f64(x), 8192
+            counts = self._bincount(idx.reshape(-1), size)
+        else:
+            if x.dtype != torch.float32:
+                x = x.float()
+            flat, size = x.reshape(-1), RAW_SIZE
+            if flat.device.type == "cpu" and flat.numel() > 2 * _CPU_CHUNK:
+                # chunks that stay in cache: the passes below then cost about half as much
+                counts = sum(self._bincount(_index_f32(flat[i:i + _CPU_CHUNK]), size)
+                             for i in range(0, flat.numel(), _CPU_CHUNK))
+            else:
+                counts = self._bincount(_index_f32(flat), size)
+        if size == 8192:
+            counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=counts.device).index_add_(
+                0, self._f64_map(counts.device), counts)
+        low, high = torch.aminmax(x.reshape(-1))
+        return counts, low, high
+
+    @staticmethod
+    def _bincount(idx, size: int):
+        import torch
+
+        if idx.device.type == "cpu":
+            return torch.bincount(idx, minlength=size)
+        counts = torch.zeros(size, dtype=torch.int64, device=idx.device)  # bincount would read max(idx) back
+        return counts.index_add_(0, idx, torch.ones(1, dtype=torch.int64, device=idx.device).expand(idx.numel()))
+
+    @staticmethod
+    def _index_f64(x):
+        import torch
+
+        bits = x.view(torch.int64)
+        sign_exponent = (bits >> 52) & 0xFFF
+        mantissa_nonzero = (bits & _F64_MANTISSA) != 0
+        return torch.add(mantissa_nonzero, sign_exponent, alpha=2)
+
+    def _f64_map(self, device):
+        """Where each float64 class (sign, 11-bit exponent, mantissa nonzero) lands in the float32 layout."""
+        key = str(device)
+        if key not in self._f64_maps:
+            import torch
+
+            table = np.empty(8192, dtype=np.int64)
+            for sign in (0, 1):
+                for e11 in range(2048):
+                    for flag in (0, 1):
+                        e = e11 - 1023
+                        if e11 == 0:
+                            f32, f32_flag = 0, flag          # zero, or a float64 subnormal: tiny
+                        elif e11 == 2047:
+                            f32, f32_flag = 255, flag        # Inf / NaN
+                        elif e < E_LO:
+                            f32, f32_flag = 0, 1             # tiny
+                        elif e > E_HI:
+                            table[(sign << 12 | e11 << 1) | flag] = 1024 + sign
+                            continue
+                        else:
+                            f32, f32_flag = e + 127, flag
+                        table[(sign << 12 | e11 << 1) | flag] = sign << 9 | f32 << 1 | f32_flag
+            self._f64_maps[key] = torch.from_numpy(table).to(device)
+        return self._f64_maps[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Log2Histogram:
+    """Counts of a set of values by binade, read from the raw device counters.
+
+    counts[i]: values with 2^e <= |x| < 2^(e+1) for e = E_LO + i; pow2[i]: of
+    those, the ones equal to ±2^e exactly. tiny: nonzero |x| < 2^-126 (float32
+    subnormals). huge: finite |x| >= 2^128 (float64 input only). zeros, pos_inf,
+    neg_inf, nan: the special values, apart from everything else.
+    """
+
+    counts: np.ndarray
+    pow2: np.ndarray
+    tiny: int = 0
+    huge: int = 0
+    zeros: int = 0
+    pos_inf: int = 0
+    neg_inf: int = 0
+    nan: int = 0
+
+    @classmethod
+    def from_raw(cls, raw) -> "Log2Histogram":
+        raw = np.asarray(raw, dtype=np.int64)
+        if raw.shape != (RAW_SIZE,):
+            raise ValueError(f"raw counts must have shape ({RAW_SIZE},), got {raw.shape}")
+        table = raw[:1024].reshape(2, 256, 2)  # sign, exponent field, mantissa nonzero
+        both = table.sum(axis=0)
+        return cls(
+            counts=both[1:255].sum(axis=1).copy(),
+            pow2=both[1:255, 0].copy(),
+            tiny=int(both[0, 1]),
+            huge=int(raw[1024] + raw[1025]),
+            zeros=int(both[0, 0]),
+            pos_inf=int(table[0, 255, 0]),
+            neg_inf=int(table[1, 255, 0]),
+            nan=int(both[255, 1]),
+        )
+
+    @classmethod
+    def empty(cls) -> "Log2Histogram":
+        return cls(np.zeros(N_BINS, dtype=np.int64), np.zeros(N_BINS, dtype=np.int64))
+
+    def __add__(self, other: "Log2Histogram") -> "Log2Histogram":
+        return Log2Histogram(self.counts + other.counts, self.pow2 + other.pow2, self.tiny + other.tiny,
+                             self.huge + other.huge, self.zeros + other.zeros, self.pos_inf + other.pos_inf,
+                             self.neg_inf + other.neg_inf, self.nan + other.nan)
+
+    # ------------------------------------------------------------ totals
+    @property
+    def nonzero(self) -> int:
+        """Finite nonzero values: the denominator of every fraction."""
+        return int(self.counts.sum()) + self.tiny + self.huge
+
+    @property
+    def total(self) -> int:
+        return self.nonzero + self.zeros + self.pos_inf + self.neg_inf + self.nan
+
+    @property
+    def nonfinite(self) -> int:
+        return self.pos_inf + self.neg_inf + self.nan
+
+    def top_exponent(self) -> int | None:
+        """Binade of the largest finite nonzero value (E_HI + 1 for `huge`), None when there is none."""
+        if self.huge:
+            return E_HI + 1
+        nonempty = np.flatnonzero(self.counts)
+        if nonempty.size:
+            return int(nonempty[-1]) + E_LO
+        return TINY_LOG2_RANGE[0] if self.tiny else None
+
+    def bottom_exponent(self) -> int | None:
+        """Binade of the smallest nonzero value (-149 when float32 subnormals are present)."""
+        if self.tiny:
+            return TINY_LOG2_RANGE[0]
+        nonempty = np.flatnonzero(self.counts)
+        if nonempty.size:
+            return int(nonempty[0]) + E_LO
+        return E_HI + 1 if self.huge else None
+
+    # ----------------------------------------------- format fractions (counts)
+    def _below(self, edge: int, scale: int) -> int:
+        """Count of binned values with e + scale < edge."""
+        i = edge - scale - E_LO
+        return int(self.counts[:max(0, min(i, N_BINS))].sum())
+
+    def _at(self, array: np.ndarray, e: int) -> int:
+        i = e - E_LO
+        return int(array[i]) if 0 <= i < N_BINS else 0
+
+    def underflow(self, limits, scale: int = 0) -> int:
+        """Nonzero values that round to zero in the format after multiplying by 2^scale.
+
+        Exact for binned values: every binade below the format's zero threshold
+        2^z (z = log2(min_subnormal) - 1), plus the exact powers of two 2^z when
+        the format rounds that tie to zero. `tiny` values count as underflow unless
+        all of them survive (2^-149 * 2^scale > 2^z): conservative, and exact
+        whenever their range lies wholly on one side.
+        """
+        z = limits.zero_exponent
+        count = self._below(z, scale)
+        if limits.tie_to_zero:
+            count += self._at(self.pow2, z - scale)
+        if TINY_LOG2_RANGE[0] + scale <= z:
+            count += self.tiny
+        return count
+
+    def subnormal(self, limits, scale: int = 0) -> int:
+        """Nonzero values that land below the format's min normal without flushing (2^z < |x|*2^scale < min_normal).
+
+        Those keep fewer significant bits than normal values (or, for a format
+        without subnormals, round to 0 or min normal). `tiny` values are counted
+        here when none of them underflows and some fall below min normal.
+        """
+        z, emin = limits.zero_exponent, limits.emin
+        count = self._below(emin, scale) - self._below(z, scale)
+        if limits.tie_to_zero:
+            count -= self._at(self.pow2, z - scale)
+        if TINY_LOG2_RANGE[0] + scale > z and TINY_LOG2_RANGE[0] + scale < emin:
+            count += self.tiny
+        return count
+
+    def overflow_bounds(self, limits, scale: int = 0) -> tuple[int, int]:
+        """(sure, possible) counts of values beyond the format's overflow threshold after scaling by 2^scale.
+
+        Binades above emax overflow for sure; the binade emax holds the threshold
+        (max + ulp/2), so its values may or may not: `possible` adds them. The
+        exact answer to "does anything overflow" comes from the amax (see
+        `FormatLimits.overflows`); `huge` values count as overflow.
+        """
+        emax = limits.emax
+        above = emax + 1 - scale - E_LO
+        sure = int(self.counts[max(0, min(above, N_BINS)):].sum()) + self.huge
+        if TINY_LOG2_RANGE[1] - 1 + scale > emax:
+            sure += self.tiny
+        return sure, sure + self._at(self.counts, emax - scale)
+
+    # ---------------------------------------------------------------- json
+    def to_dict(self) -> dict:
+        nonempty = np.flatnonzero(self.counts)
+        lo = int(nonempty[0]) if nonempty.size else 0
+        hi = int(nonempty[-1]) + 1 if nonempty.size else 0
+        return {
+            "min_exponent": lo + E_LO,
+            "counts": self.counts[lo:hi].tolist(),
+            "powers_of_two": self.pow2[lo:hi].tolist(),
+            "tiny": self.tiny, "huge": self.huge, "zeros": self.zeros,
+            "pos_inf": self.pos_inf, "neg_inf": self.neg_inf, "nan": self.nan,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Log2Histogram":
+        counts = np.zeros(N_BINS, dtype=np.int64)
+        pow2 = np.zeros(N_BINS, dtype=np.int64)
+        start = data["min_exponent"] - E_LO
+        counts[start:start + len(data["counts"])] = data["counts"]
+        pow2[start:start + len(data["powers_of_two"])] = data["powers_of_two"]
+        return cls(counts, pow2, *(int(data[k]) for k in ("tiny", "huge", "zeros", "pos_inf", "neg_inf", "nan")))

@@ -1,0 +1,227 @@
+"""Device-side accumulators of an observed run, with bounded memory and no host synchronisation.
+
+Hooks hand each observed tensor's counts here (`add`); they wait in a short
+list and are folded into one table per quantity at the end of the step
+(`flush`): the log2 histograms (one row per (module, kind) record), the
+running amax, the first step that saw Inf or NaN, the per-format counts of
+updates a low-precision weight would lose, and the per-step amax of all
+gradients (a bounded array: when full, neighbouring steps merge by max and
+each entry then stands for twice as many steps). Everything stays on the
+device until `snapshot()`, the one place that reads back to the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .histogram import RAW_SIZE
+
+NO_STEP = 2**62
+"""first_nonfinite value of a record that never saw Inf or NaN."""
+GRADIENT_KINDS = ("activation_grad", "weight_grad")
+MAX_PENDING = 512
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Host copy of the accumulators (numpy), in record order."""
+
+    keys: list
+    raw: np.ndarray            # (R, RAW_SIZE) int64
+    amax: np.ndarray           # (R,) float32
+    first_nonfinite: np.ndarray  # (R,) int64, NO_STEP when never
+    samples: np.ndarray        # (R,) int64: tensors counted
+    lost: np.ndarray           # (R, F) int64: updates lost per format (update records)
+    step_amax: np.ndarray      # (S,) float32: gradient amax per entry, -inf where nothing was observed
+    steps_per_entry: int
+
+
+class Store:
+    """All accumulators of one watch, on one device."""
+
+    def __init__(self, n_formats: int, step_capacity: int = 65536):
+        if step_capacity < 2 or step_capacity % 2:
+            raise ValueError(f"step_capacity must be an even int >= 2, got {step_capacity!r}")
+        self.n_formats = n_formats
+        self.step_capacity = step_capacity
+        self.device = None
+        self.keys: list = []
+        self.index: dict = {}
+        self.samples: list[int] = []
+        self._pending: list = []
+        self._pending_lost: list = []
+        self._rows_cache: dict = {}
+
+    # --------------------------------------------------------------- tables
+    def _allocate(self, device) -> None:
+        import torch
+
+        self.device = device
+        self.raw = torch.zeros((0, RAW_SIZE), dtype=torch.int64, device=device)
+        self.amax = torch.zeros(0, dtype=torch.float32, device=device)
+        self.first_nonfinite = torch.zeros(0, dtype=torch.int64, device=device)
+        self.lost = torch.zeros((0, self.n_formats), dtype=torch.int64, device=device)
+        self.step_amax = torch.full((self.step_capacity,), -torch.inf, dtype=torch.float32, device=device)
+        self.steps_per_entry = 1
+
+    def row(self, key, device) -> int:
+        """The row of a (module name, kind) record, created on first use."""
+        found = self.index.get(key)
+        if found is not None:
+            return found
+        import torch
+
+        if self.device is None:
+            self._allocate(device)
+        self.index[key] = len(self.keys)
+        self.keys.append(key)
+        self.samples.append(0)
+        self.raw = torch.cat([self.raw, self.raw.new_zeros((1, RAW_SIZE))])
+        self.amax = torch.cat([self.amax, self.amax.new_zeros(1)])
+        self.first_nonfinite = torch.cat([self.first_nonfinite, self.first_nonfinite.new_full((1,), NO_STEP)])
+        self.lost = torch.cat([self.lost, self.lost.new_zeros((1, self.n_formats))])
+        return self.index[key]
+
+    # ------------------------------------------------------------- updates
+    def add(self, row: int, counts, low, high, step: int) -> None:
+        """Queue one tensor's counts and its min and max for `row` (folded in at the next flush)."""
+        self.samples[row] += 1
+        self._pending.append((row, counts, low, high))
+        if len(self._pending) >= MAX_PENDING:
+            self.flush(step)
+
+    def add_lost(self, row: int, lost) -> None:
+        """Queue per-format counts of lost updates (int64 [n_formats]) for an update record."""
+        self._pending_lost.append((row, lost))
+
+    def _rows(self, rows: tuple):
+        import torch
+
+        cached = self._rows_cache.get(rows)
+        if cached is None:
+            if len(self._rows_cache) > 64:
+                self._rows_cache.clear()
+            gradient = [self.keys[r][1] in GRADIENT_KINDS for r in rows]
+            cached = (torch.tensor(rows, dtype=torch.int64, device=self.device),
+                      torch.tensor(gradient, dtype=torch.bool, device=self.device))
+            self._rows_cache[rows] = cached
+        return cached
+
+    def flush(self, step: int) -> None:
+        """Fold everything queued into the tables, as observations of `step`."""
+        import torch
+
+        if self._pending:
+            rows = tuple(r for r, _, _, _ in self._pending)
+            index, is_gradient = self._rows(rows)
+            counts = torch.stack([c.to(self.device) for _, c, _, _ in self._pending])
+            lows = torch.stack([v.to(self.device, torch.float32) for _, _, v, _ in self._pending])
+            highs = torch.stack([v.to(self.device, torch.float32) for _, _, _, v in self._pending])
+            amaxes = torch.maximum(highs, -lows)
+            self._pending = []
+            self.raw.index_add_(0, index, counts)
+            self.amax.scatter_reduce_(0, index, amaxes, reduce="amax")
+            seen_bad = torch.where(torch.isfinite(amaxes), NO_STEP, step)
+            self.first_nonfinite.scatter_reduce_(0, index, seen_bad, reduce="amin")
+            gradient_amax = torch.where(is_gradient, amaxes, -torch.inf).amax()
+            self._record_step_amax(step, gradient_amax)
+        if self._pending_lost:
+            rows = tuple(r for r, _ in self._pending_lost)
+            index, _ = self._rows(rows)
+            lost = torch.stack([v.to(self.device) for _, v in self._pending_lost])
+            self._pending_lost = []
+            self.lost.index_add_(0, index, lost)
+
+    def _record_step_amax(self, step: int, value) -> None:
+        import torch
+
+        while step // self.steps_per_entry >= self.step_capacity:
+            merged = self.step_amax.view(-1, 2).amax(dim=1)
+            self.step_amax = torch.cat([merged, torch.full_like(merged, -torch.inf)])
+            self.steps_per_entry *= 2
+        i = step // self.steps_per_entry
+        self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value)
+
+    # ------------------------------------------------------------ reading
+    def snapshot(self, reduce_across_ranks: bool = False, replicated_kinds=()) -> Snapshot:
+        """Host copy of everything; with `reduce_across_ranks`, summed / maxed over the torch.distributed group.
+
+        Records of `replicated_kinds` (identical on every rank under DDP:
+        weights, their gradients after all-reduce, updates) are taken from rank 0
+        instead of summed.
+        """
+        if reduce_across_ranks:
+            return self._reduced_snapshot(replicated_kinds)
+        if self.device is None:
+            return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros(0, np.float32),
+                            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, self.n_formats), np.int64),
+                            np.zeros(0, np.float32), 1)
+        return Snapshot(list(self.keys), self.raw.cpu().numpy().copy(), self.amax.cpu().numpy().copy(),
+                        self.first_nonfinite.cpu().numpy().copy(), np.array(self.samples, dtype=np.int64),
+                        self.lost.cpu().numpy().copy(), self.step_amax.cpu().numpy().copy(), self.steps_per_entry)
+
+    def _reduced_snapshot(self, replicated_kinds) -> Snapshot:
+        import torch
+        import torch.distributed as dist
+
+        local = self.snapshot()
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (local.keys, local.steps_per_entry, len(local.step_amax)))
+        keys = sorted({tuple(k) for keys, _, _ in gathered for k in keys})
+        stride = max(s for _, s, _ in gathered)
+        rank = dist.get_rank()
+        device = torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+        where = {tuple(k): i for i, k in enumerate(local.keys)}
+        R, F = len(keys), self.n_formats
+
+        def aligned(table, fill, shape_tail=()):
+            out = np.full((R, *shape_tail), fill, dtype=table.dtype)
+            for j, k in enumerate(keys):
+                if k in where:
+                    out[j] = table[where[k]]
+            return out
+
+        raw = aligned(local.raw, 0, (RAW_SIZE,))
+        samples = aligned(local.samples, 0)
+        lost = aligned(local.lost, 0, (F,))
+        replicated = np.array([k[1] in replicated_kinds for k in keys], dtype=bool)
+        if rank != 0:
+            raw[replicated] = 0
+            samples[replicated] = 0
+            lost[replicated] = 0
+        step_amax = _restride(local.step_amax, local.steps_per_entry, stride)
+        sums = torch.from_numpy(np.concatenate([raw.ravel(), samples, lost.ravel()])).to(device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        maxima = torch.from_numpy(np.concatenate([aligned(local.amax, 0.0), step_amax]).astype(np.float32)).to(device)
+        # a NaN amax (the run diverged) must survive the MAX whatever the backend does with NaN
+        nan_flags = torch.isnan(maxima).to(torch.int32)
+        maxima = torch.where(torch.isnan(maxima), torch.zeros_like(maxima), maxima)
+        dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        dist.all_reduce(nan_flags, op=dist.ReduceOp.MAX)
+        maxima[nan_flags.bool()] = torch.nan
+        minima = torch.from_numpy(aligned(local.first_nonfinite, NO_STEP)).to(device)
+        dist.all_reduce(minima, op=dist.ReduceOp.MIN)
+        sums = sums.cpu().numpy()
+        maxima = maxima.cpu().numpy()
+        n_raw = R * RAW_SIZE
+        return Snapshot(
+            [tuple(k) for k in keys],
+            sums[:n_raw].reshape(R, RAW_SIZE),
+            maxima[:R],
+            minima.cpu().numpy(),
+            sums[n_raw:n_raw + R],
+            sums[n_raw + R:].reshape(R, F),
+            maxima[R:],
+            stride,
+        )
+
+
+def _restride(step_amax: np.ndarray, stride: int, target: int) -> np.ndarray:
+    """Merge a per-step amax array from `stride` steps per entry to `target` (a multiple), by max."""
+    factor = target // stride
+    if factor == 1:
+        return step_amax
+    merged = step_amax.reshape(-1, factor).max(axis=1)
+    return np.concatenate([merged, np.full(len(step_amax) - len(merged), -np.inf, dtype=step_amax.dtype)])

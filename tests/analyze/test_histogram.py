@@ -1,0 +1,118 @@
+"""The log2 histograms are exact: checked against an independent numpy count and against the rounding engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fpsim
+from fpsim.analyze.histogram import E_LO, N_BINS, Log2Counter, Log2Histogram
+from fpsim.analyze.limits import FormatLimits
+
+from analyze_helpers import assert_same, numpy_count, observed
+
+
+def awkward_values(n: int, seed: int, dtype=np.float32) -> np.ndarray:
+    """Values at every scale of float32, with powers of two, subnormals, signed zeros, Inf and NaN."""
+    rng = np.random.default_rng(seed)
+    scales = np.ldexp(1.0, rng.integers(-150, 128, size=n))
+    with np.errstate(over="ignore"):
+        values = (rng.standard_normal(n) * scales).astype(dtype)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, -(2.0**-149), 2.0**-126, 2.0**-127,
+                         1.0, -0.5, 2.0**127, np.finfo(np.float32).max, np.finfo(np.float32).tiny,
+                         3 * 2.0**-140], dtype=dtype)
+    powers = np.ldexp(1.0, rng.integers(-126, 128, size=n // 10)).astype(dtype) * rng.choice([-1, 1], n // 10)
+    return np.concatenate([values, specials, powers.astype(dtype)])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_counts_match_numpy(seed):
+    values = awkward_values(50_000, seed)
+    assert_same(observed(torch.from_numpy(values)), numpy_count(values))
+
+
+def test_large_tensor_counted_in_chunks_is_exact():
+    values = awkward_values(400_000, 7)  # above the CPU chunking size
+    assert_same(observed(torch.from_numpy(values)), numpy_count(values))
+
+
+def test_non_contiguous_and_16_bit_inputs():
+    values = awkward_values(4096, 3)
+    t = torch.from_numpy(values[:4096].reshape(64, 64)).t()  # transposed view
+    assert_same(observed(t), numpy_count(t.numpy()))
+    for dtype in (torch.float16, torch.bfloat16):
+        small = torch.from_numpy(values).to(dtype)
+        assert_same(observed(small), numpy_count(small.float().numpy()))
+
+
+def test_float64_counts_keep_huge_and_tiny_apart():
+    v = np.array([1e300, -1e300, 1e-300, 2.0**-126, 2.0**127, 3.0, 0.0, np.nan, -np.inf], dtype=np.float64)
+    hist = observed(torch.from_numpy(v))
+    assert_same(hist, numpy_count(v))
+    assert hist.huge == 2 and hist.tiny == 1
+
+
+def test_amax_is_exact_and_propagates_nan():
+    counter = Log2Counter()
+    _, low, high = counter.count(torch.tensor([-3.5, 2.0, 1e-30]))
+    assert max(high.item(), -low.item()) == 3.5
+    _, low, high = counter.count(torch.tensor([1.0, float("nan")]))
+    assert math.isnan(max(high.item(), -low.item())) or math.isnan(high.item())
+
+
+def test_json_round_trip():
+    values = awkward_values(5000, 4)
+    hist = observed(torch.from_numpy(values))
+    again = Log2Histogram.from_dict(hist.to_dict())
+    assert_same(again, {k: getattr(hist, k) for k in ("counts", "pow2", "tiny", "huge", "zeros", "pos_inf",
+                                                      "neg_inf", "nan")})
+
+
+# ------------------------------------------- fractions against the rounding engine
+FORMATS = ["fp16", "bf16", "e4m3", "e5m2", "e4m3fnuz", fpsim.Format(4, 3, nan="fn", subnormals=False),
+           fpsim.Format(6, 5)]
+
+
+def engine_values(seed: int) -> np.ndarray:
+    """Finite values in float32's normal range, dense around every binade edge and its powers of two."""
+    rng = np.random.default_rng(seed)
+    e = rng.integers(-120, 100, size=20_000)
+    values = np.ldexp(rng.uniform(1.0, 2.0, size=e.size), e)
+    edges = np.ldexp(1.0, np.arange(-120, 100))
+    near = np.concatenate([edges, np.nextafter(edges.astype(np.float32), np.float32(0)),
+                           np.nextafter(edges.astype(np.float32), np.float32(np.inf))])
+    out = np.concatenate([values, near]).astype(np.float32)
+    return out * rng.choice([-1, 1], size=out.size).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f if isinstance(f, str) else f.name)
+def test_underflow_and_overflow_counts_agree_with_quantize(fmt):
+    lim = FormatLimits.of(fmt)
+    values = engine_values(11)
+    hist = observed(torch.from_numpy(values))
+    for scale in (-20, -3, 0, 5, 13, 24, 40):
+        scaled = values.astype(np.float64) * 2.0**scale
+        rounded = np.asarray(fpsim.quantize(scaled, fmt), dtype=np.float64)
+        flushed = int(((rounded == 0) & (scaled != 0)).sum())
+        assert hist.underflow(lim, scale) == flushed, (scale, hist.underflow(lim, scale), flushed)
+        over = np.array([lim.overflows(v) for v in scaled])
+        engine_over = ~np.isfinite(rounded) | (np.abs(rounded) > float(lim.fmt.max))
+        np.testing.assert_array_equal(over, engine_over)
+        sure, possible = hist.overflow_bounds(lim, scale)
+        assert sure <= int(over.sum()) <= possible
+        magnitude = np.abs(scaled)
+        in_subnormal_range = (magnitude > 2.0**lim.zero_exponent) & (magnitude < 2.0**lim.emin)
+        if not lim.tie_to_zero:
+            in_subnormal_range |= magnitude == 2.0**lim.zero_exponent
+        assert hist.subnormal(lim, scale) == int(in_subnormal_range.sum())
+
+
+def test_tiny_values_count_as_underflow_unless_all_survive():
+    lim = FormatLimits.of("bf16")   # its zero threshold 2^-134 lies inside float32's subnormal range
+    hist = observed(torch.tensor([2.0**-140, 2.0**-130, 1.0]))
+    assert hist.tiny == 2
+    assert hist.underflow(lim, 0) == 2           # conservative: some of them would survive in bf16
+    assert hist.underflow(lim, 20) == 0          # 2^-149 * 2^20 > 2^-134: all survive

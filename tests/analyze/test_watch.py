@@ -1,0 +1,189 @@
+"""fpsim.watch on real training runs: it counts exactly, never changes the run, fails safely, checks arguments."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fpsim
+from fpsim.analyze import watch
+from fpsim.analyze.demo import SensorNet, sensor_data, train
+
+from analyze_helpers import assert_same, numpy_count
+
+
+def small_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return SensorNet(hidden=32, depth=3)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return sensor_data(samples=2048, seed=0)
+
+
+def test_observation_does_not_change_training(data):
+    plain = small_model()
+    train(plain, data, 12, batch=128)
+    observed = small_model()
+    with watch(observed, every=1) as w:
+        train(observed, data, 12, batch=128)
+    assert w.step == 12 and w.steps_observed == 12
+    for (name, a), (_, b) in zip(plain.state_dict().items(), observed.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_histograms_equal_an_independent_count_of_the_same_tensors(data):
+    model = small_model()
+    layer = model.body[2]
+    activations, grads = [], []
+    hook = layer.register_forward_hook(lambda m, i, o: activations.append(o.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grab = opt.register_step_pre_hook(
+        lambda o, a, k: grads.append(torch.cat([layer.weight.grad.reshape(-1), layer.bias.grad.reshape(-1)])))
+    with watch(model, every=2) as w:
+        for step in range(6):
+            i = torch.arange(step * 64, step * 64 + 64)
+            loss = nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]), data["label"][i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    hook.remove()
+    grab.remove()
+    stats = w.report().layer("body.2").tensors
+    observed_activations = np.concatenate([a.numpy().ravel() for a in activations[0::2]])
+    assert_same(stats["activation"].hist, numpy_count(observed_activations))
+    assert stats["activation"].samples == 3
+    assert stats["activation"].amax == np.abs(observed_activations).max()
+    assert_same(stats["weight_grad"].hist, numpy_count(np.concatenate([g.numpy() for g in grads[0::2]])))
+
+
+def test_sampling_every_n_steps_and_bounded_step_memory(data):
+    model = small_model()
+    with watch(model, every=3, step_capacity=8) as w:
+        train(model, data, 40, batch=32)
+    assert w.step == 40 and w.steps_observed == 14       # steps 0, 3, ..., 39
+    store = w._store
+    assert store.step_amax.numel() == 8 and store.steps_per_entry == 8
+    report = w.report()
+    assert report.layer("head").tensors["weight"].samples == 14
+    rows_after = len(store.keys)
+    with watch(model, every=3, step_capacity=8) as w2:
+        train(model, data, 80, batch=32)
+    assert len(w2._store.keys) == rows_after             # records do not grow with the run
+
+
+def test_kinds_and_module_selection(data):
+    model = small_model()
+    with watch(model, kinds=("activation_grad",), modules=["body.0", nn.LayerNorm]) as w:
+        train(model, data, 2, batch=32)
+    report = w.report()
+    assert [layer.name for layer in report.layers] == ["pressure_norm", "body.0"] or \
+        sorted(layer.name for layer in report.layers) == ["body.0", "pressure_norm"]
+    assert all(list(layer.tensors) == ["activation_grad"] for layer in report.layers)
+    with watch(model, modules="leaves") as w:
+        train(model, data, 1, batch=32)
+    assert "body.1" in [layer.name for layer in w.report().layers]   # a Sigmoid
+
+
+def test_bad_arguments_fail_before_training(data):
+    model = small_model()
+    with pytest.raises(ValueError, match=r"unknown format 'fp17'; allowed: .*fp16.*bf16"):
+        watch(model, formats=("fp16", "fp17"))
+    with pytest.raises(ValueError, match=r"no module named 'body.9'.*the modules are: .*body.0.*head"):
+        watch(model, modules=["body.9"])
+    with pytest.raises(ValueError, match=r"unknown tensor kind 'gradients'; allowed: activation, "):
+        watch(model, kinds=("gradients",))
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        watch(model, every=0)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        watch("model")
+    with pytest.raises(TypeError, match="not a torch.nn.Module type"):
+        watch(model, modules=[int])
+    with pytest.raises(ValueError, match="underflow_threshold"):
+        watch(model, underflow_threshold=2)
+
+
+class Fragile(torch.Tensor):
+    """A tensor subclass (as some libraries use) that does not support one op the hook needs."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.aminmax:
+            raise NotImplementedError("Fragile tensors do not support aminmax")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class FragileOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = SensorNet(hidden=32, depth=2)
+
+    def forward(self, readings, pressure):
+        return self.net(readings, pressure).as_subclass(Fragile)
+
+
+def test_a_failing_hook_warns_once_detaches_and_training_goes_on(data):
+    reference = FragileOutput()
+    train(reference, data, 5, batch=64)
+    model = FragileOutput()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with watch(model) as w:
+            train(model, data, 5, batch=64)
+    ours = [c for c in caught if "fpsim.watch" in str(c.message)]
+    assert len(ours) == 1 and "aminmax" in str(ours[0].message)
+    assert w.observation_error and not w._handles
+    for (name, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)), name
+    assert w.report().run["observation_error"].startswith("NotImplementedError")
+
+
+def test_gradient_accumulation_counts_optimizer_steps(data):
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, optimizer=opt) as w:
+        for step in range(3):
+            for micro in range(4):
+                i = torch.arange(micro * 16, micro * 16 + 16)
+                loss = nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]),
+                                                   data["label"][i])
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert w.step == 3
+    report = w.report()
+    assert report.layer("head").tensors["activation"].samples == 12
+    assert report.layer("head").tensors["update"].samples == 3
+
+
+def test_manual_steps_without_an_optimizer(data):
+    model = small_model()
+    with watch(model, kinds=("activation", "activation_grad")) as w:
+        for step in range(3):
+            loss = nn.functional.cross_entropy(model(data["readings"][:16], data["pressure"][:16]),
+                                               data["label"][:16])
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+            w.advance()
+    assert w.step == 3 and w.report().layer("head").tensors["activation_grad"].samples == 3
+
+
+def test_custom_format_and_public_names():
+    assert fpsim.watch is watch
+    model = small_model()
+    custom = fpsim.Format(6, 5)
+    data = sensor_data(samples=256)
+    with fpsim.watch(model, formats=("fp16", custom)) as w:
+        train(model, data, 2, batch=32)
+    report = w.report()
+    assert report.formats == ["fp16", custom.name]
+    assert set(report.verdicts["head"]) == {"fp16", custom.name}
