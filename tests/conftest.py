@@ -58,7 +58,13 @@ CUSTOM_FORMATS = {
 
 
 def fmt_id(fmt) -> str:
-    return fmt if isinstance(fmt, str) else fmt.name
+    """A readable test id: the preset name, or the CUSTOM_FORMATS key (default names can coincide)."""
+    if isinstance(fmt, str):
+        return fmt
+    for key, custom in CUSTOM_FORMATS.items():
+        if custom is fmt:
+            return key
+    return fmt.name
 
 
 @lru_cache(maxsize=None)

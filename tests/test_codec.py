@@ -21,12 +21,12 @@ from fpsim.codec import code_dtype, decode, encode
 from fpsim.formats import Format, format as get_format
 
 from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, assert_same_codes,
-                      custom_formats, format_inputs, known_bug_inputs, oracle_decoded, random_inputs, requires_torch,
-                      sweep_points, torch)
+                      custom_formats, fmt_id, format_inputs, known_bug_inputs, oracle_decoded, random_inputs,
+                      requires_torch, sweep_points, torch)
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 ENUMERABLE = [get_format(n) for n in SMALL_PRESETS] + list(CUSTOM_FORMATS.values())
-ENUMERABLE_IDS = [f.name for f in ENUMERABLE]
+ENUMERABLE_IDS = [fmt_id(f) for f in ENUMERABLE]
 
 
 def _codes(fmt: Format) -> np.ndarray:
@@ -210,7 +210,7 @@ def _oracle_code(x: float, fmt: Format, rounding="nearest_even", saturate=False,
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
 @pytest.mark.parametrize("fmt", [get_format(n) for n in ("e4m3", "e5m2", "e4m3fnuz", "e2m1", "e8m0", "bf16")]
                          + [CUSTOM_FORMATS[k] for k in ("e4m3fn_nosub", "e4m3fn_unsigned", "e11m4_ieee")],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_encode_every_mode_matches_oracle(fmt, rounding):
     """Codes of the values, ties and +-1 ulp neighbours (a third of them, in turn by dtype), saturate on and
     off (the oracle is asked with saturate only beyond max/2, where it can matter)."""
@@ -227,7 +227,7 @@ def test_encode_every_mode_matches_oracle(fmt, rounding):
 
 
 @pytest.mark.parametrize("fmt", [get_format("fp16"), get_format("e4m3"), CUSTOM_FORMATS["e3m4fnuz_b2"]],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_encode_flush_options_match_oracle(fmt):
     x = sweep_points(fmt, np.float32)
     x = x[np.abs(x) <= 2 * float(fmt.min_normal)]
@@ -255,7 +255,7 @@ def test_encode_random_floats_matches_oracle(values, name, rounding):
 @pytest.mark.parametrize("fmt", [Format(8, 7, nan="fn", bias=126), Format(8, 3, nan="none", bias=100),
                                  CUSTOM_FORMATS["e8m7_unsigned_nozero"], Format(1, 0, bias=151, nan="fnuz",
                                                                                 subnormals=False),
-                                 Format(8, 3, nan="fn", bias=150)], ids=lambda f: f.name)
+                                 Format(8, 3, nan="fn", bias=150)], ids=fmt_id)
 def test_encode_values_beyond_float32_range(fmt):
     """Formats with exp_bits <= 8 and man_bits <= 23 whose range still passes float32's (bias < 127, a top
     binade at 2^128, values below 2^-149) must not be packed through float32."""
@@ -379,11 +379,14 @@ def test_decode_fp64_codes_with_the_sign_bit_set():
     assert_same_bits(decode(codes, "fp64"), codes.view(np.float64))
 
 
-@pytest.mark.parametrize("codes,fmt,bad", [
+OUT_OF_RANGE = [
     (np.array([0, 256], dtype=np.uint16), "e4m3", "256"), (np.array([-1, 3]), "e4m3", "-1"),
     (np.array([16], dtype=np.uint8), "e2m1", "16"), (np.array([1 << 19], dtype=np.uint32), "tf32", str(1 << 19)),
     (np.array([1 << 16]), "bf16", str(1 << 16)), (np.array([64]), "e3m2", "64"),
-])
+]
+
+
+@pytest.mark.parametrize("codes,fmt,bad", OUT_OF_RANGE, ids=[f"{f}-{b}" for _, f, b in OUT_OF_RANGE])
 def test_decode_refuses_codes_out_of_range_naming_them(codes, fmt, bad):
     with pytest.raises(ValueError, match=bad):
         decode(codes, fmt)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fpsim import exact
 from fpsim.formats import Format, format as get_format
 
-from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, oracle_decoded,
+from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, fmt_id, oracle_decoded,
                       oracle_finite_values, sweep_points)
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
@@ -82,7 +82,7 @@ def test_decode_code_rejects_codes_outside_the_format():
 
 
 @pytest.mark.parametrize("fmt", [f for f in CUSTOM_FORMATS.values() if not f.subnormals and f.zero],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_non_canonical_codes_of_formats_without_subnormals_decode_to_zero(fmt):
     decoded = oracle_decoded(fmt)
     for man in range(1 << fmt.man_bits):
@@ -119,7 +119,7 @@ def test_all_values_refuses_wide_formats():
 
 # ------------------------------------------------------------- encode_value
 @pytest.mark.parametrize("fmt", [get_format(n) for n in BYTE_PRESETS] + list(CUSTOM_FORMATS.values())[:9],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_encode_value_inverts_decode_code(fmt):
     """Every code maps back to itself, except NaN codes (-> canonical NaN) and the non-canonical
     exponent-0 codes of formats without subnormals (-> the zero of their sign)."""
@@ -256,7 +256,7 @@ def brute_round(x: float, fmt: Format, rounding: str, saturate: bool = False, fl
 
 
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
-@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=fmt_id)
 def test_round_value_matches_brute_force_on_sweeps(fmt, rounding):
     points = sweep_points(fmt, np.float64, ulps=(1,))
     for saturate in (False, True):
@@ -265,7 +265,7 @@ def test_round_value_matches_brute_force_on_sweeps(fmt, rounding):
         assert_same_bits(got, ref, inputs=points, what=f"{fmt.name} {rounding} saturate={saturate}: ")
 
 
-@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=fmt_id)
 def test_round_value_flush_options_match_brute_force(fmt):
     points = sweep_points(fmt, np.float64)
     points = points[np.abs(points) < 4 * float(fmt.min_normal)]
@@ -278,7 +278,7 @@ def test_round_value_flush_options_match_brute_force(fmt):
             assert_same_bits(got, ref, inputs=points, what=f"{rounding} flush={flush_in, flush_out}: ")
 
 
-@pytest.mark.parametrize("fmt", SMALL_FORMATS[:9], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", SMALL_FORMATS[:9], ids=fmt_id)
 @pytest.mark.parametrize("rand_bits", [None, 2, 5])
 def test_round_value_stochastic_matches_brute_force(fmt, rand_bits):
     points = sweep_points(fmt, np.float64)[::3]
@@ -380,7 +380,7 @@ def test_floor_log2(v):
     assert Fraction(2) ** e <= v < Fraction(2) ** (e + 1)
 
 
-@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", SMALL_FORMATS, ids=fmt_id)
 def test_neighbours_and_stochastic_neighbours_bracket_the_input(fmt):
     positives = [Fraction(v) for v in oracle_finite_values(fmt) if v > 0]
     rng = np.random.default_rng(4)

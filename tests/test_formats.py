@@ -20,7 +20,8 @@ import pytest
 
 from fpsim.formats import ALIASES, PRESETS, Format, format as get_format
 
-from conftest import CUSTOM_FORMATS, SMALL_PRESETS, oracle_decoded, oracle_finite_values, requires_torch, torch
+from conftest import (CUSTOM_FORMATS, SMALL_PRESETS, fmt_id, oracle_decoded, oracle_finite_values, requires_torch,
+                      torch)
 
 F = Fraction
 P2 = lambda e: Fraction(2) ** e  # noqa: E731
@@ -143,7 +144,7 @@ def _binade(v: float) -> int:
 
 
 @pytest.mark.parametrize("fmt", [get_format(n) for n in SMALL_PRESETS] + list(CUSTOM_FORMATS.values()),
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_binades_count_the_binades_holding_values(fmt):
     positive = _positive_values(fmt)
     binades = {_binade(v) for v in positive}
@@ -286,8 +287,9 @@ def test_range_far_beyond_fp64_raises_value_error(kwargs):
         Format(**kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Format validation checks min_subnormal >= 2^-1074 only; without subnormals "
-                                       "the lowest binade's spacing 2^(emin - man_bits) can be finer than binary64's, "
+@pytest.mark.xfail(strict=True, reason="BUG: Format validation checks min_subnormal >= 2^-1074 only; without "
+                                       "subnormals the lowest binade's spacing 2^(emin - man_bits) can be finer than "
+                                       "binary64's, "
                                        "e.g. Format(11, 52, bias=1024, subnormals=False, nan='fn') has values spaced "
                                        "2^-1075, which the oracle and decode cannot represent")
 @pytest.mark.parametrize("kwargs", [dict(exp_bits=11, man_bits=52, bias=1024, subnormals=False, nan="fn"),
@@ -379,7 +381,7 @@ def _representable_in_big(fmt_name: str, values: frozenset) -> bool:
     return True
 
 
-@pytest.mark.parametrize("inner", CONTAINER_CANDIDATES, ids=lambda f: f.name)
+@pytest.mark.parametrize("inner", CONTAINER_CANDIDATES, ids=fmt_id)
 def test_contains_matches_brute_force(inner):
     inner_values = _value_set(inner)
     for outer in CONTAINER_CANDIDATES:

@@ -22,7 +22,7 @@ from fpsim.codec import _pack, code_dtype, encode
 from fpsim.formats import PRESETS, Format
 from fpsim.rounding import quantize, round_bits
 
-from conftest import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, custom_formats, known_bug_inputs,
+from conftest import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, custom_formats, fmt_id, known_bug_inputs,
                       requires_torch, sweep_points, torch)
 
 pytestmark = pytest.mark.skipif(not _native.available(),
@@ -125,7 +125,7 @@ def _compare(x, fmt, rounding, saturate, flush_in, flush_out, rand_bits=None, se
                       what="codes " + what)
 
 
-@pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS, ids=fmt_id)
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
 def test_kernel_matches_numpy_engine_on_every_bit_pattern_class(fmt, rounding):
     x = _bit_pattern_inputs(seed=40)
@@ -141,7 +141,7 @@ STOCHASTIC_RAND_BITS = [None, 1, 3, 8, 13, 23, 26]
 KERNEL_RAND_BITS_CASES = [None, 1, 8, 23]
 
 
-@pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS[:4], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS[:4], ids=fmt_id)
 @pytest.mark.parametrize("rand_bits", KERNEL_RAND_BITS_CASES)
 def test_kernel_stochastic_matches_numpy_engine_with_the_same_draws(fmt, rand_bits):
     if not _native.covers(np.zeros(1, np.float32), fmt, "stochastic"):
@@ -172,7 +172,7 @@ def test_kernel_matches_numpy_engine_on_random_custom_formats(fmt, rounding, sat
                                        "engine's answer for -1.0; with flush_subnormal_inputs and min normal > 1, "
                                        "-1.0 is flushed to 0, so every negative input comes out +0 (engine: NaN)")
 @pytest.mark.parametrize("fmt", [Format(3, 2, bias=0, signed=False, nan="fn"),
-                                 Format(2, 1, bias=0, signed=False, subnormals=False)], ids=lambda f: f.name)
+                                 Format(2, 1, bias=0, signed=False, subnormals=False)], ids=fmt_id)
 def test_kernel_negative_inputs_of_unsigned_formats_with_flush(fmt):
     assert fmt.min_normal > 1 and _native.covers(np.zeros(1, np.float32), fmt, "nearest_even")
     x = np.array([-2.0, -3.0, -100.0, 2.0], dtype=np.float32)
@@ -197,7 +197,7 @@ def test_kernel_encode_refuses_zero_for_formats_without_zero_and_nan():
                           "quantize/encode of float32 input fail")
 @pytest.mark.parametrize("fmt", [Format(4, 3, bias=142, nan="fn"), Format(1, 0, bias=128, nan="fnuz",
                                                                            subnormals=False)],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_kernel_formats_below_float32_min_normal(fmt):
     assert _native.covers(np.zeros(1, np.float32), fmt, "nearest_even") and fmt.max < 2.0**-126
     x = np.array([1e-39, 3e-40, float(fmt.max)], dtype=np.float32)
@@ -205,7 +205,7 @@ def test_kernel_formats_below_float32_min_normal(fmt):
 
 
 # ------------------------------------------------ through the public API
-@pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=fmt_id)
 def test_quantize_and_encode_of_float32_use_the_kernel_bits(fmt):
     """quantize/encode on float32 numpy arrays (the kernel) == the numpy engine, and == quantize of the same
     values as float64 (which never takes the kernel)."""
@@ -243,7 +243,7 @@ def test_float16_input_encodes_through_the_kernel_like_the_engine():
 
 
 @requires_torch
-@pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=fmt_id)
 def test_torch_cpu_tensors_go_through_the_kernel(fmt):
     x = _bit_pattern_inputs(seed=43, n_random=5000)
     t = torch.from_numpy(x)

@@ -38,9 +38,9 @@ from fpsim import exact
 from fpsim.formats import PRESETS, Format, format as get_format
 from fpsim.rounding import ROUNDING_MODES, quantize
 
-from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, as_float64, assert_same_bits, custom_formats,
-                      expected_nan_sign, format_inputs, known_bug_inputs, oracle, oracle_finite_values,
-                      preset_formats, random_inputs, requires_torch, sweep_points, torch)
+from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, as_float64, assert_same_bits, custom_formats, expected_nan_sign,
+                      fmt_id, format_inputs, known_bug_inputs, oracle, oracle_finite_values, preset_formats,
+                      random_inputs, requires_torch, sweep_points, torch)
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 ML_FORMATS = list(BYTE_PRESETS) + ["fp16", "bf16"]  # all have an ml_dtypes/numpy type
@@ -286,7 +286,7 @@ def test_every_mode_matches_oracle_custom_formats(data, fmt, dtype, options):
                                        "the docs say it becomes -0 before rounding (so +0 for an unsigned format, "
                                        "which the engine gives), exact.round_value returns NaN")
 @pytest.mark.parametrize("fmt", [CUSTOM_FORMATS["e4m3fn_unsigned"], CUSTOM_FORMATS["e4m3_unsigned_nonan"]],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_flushed_negative_input_of_unsigned_format(fmt):
     x = np.array([-float(fmt.min_normal) / 2], dtype=np.float32)
     got = quantize(x, fmt, flush_subnormal_inputs=True)
@@ -299,7 +299,7 @@ def test_flushed_negative_input_of_unsigned_format(fmt):
                                        "placeholder exponent 0 is below emin) are marked as flushed zeros, so an "
                                        "unsigned format turns -Inf into -Inf or -max (a negative result), not NaN")
 @pytest.mark.parametrize("fmt", [Format(2, 1, bias=-3, signed=False, nan="none", subnormals=False),
-                                 Format(2, 1, bias=-3, signed=False, subnormals=False)], ids=lambda f: f.name)
+                                 Format(2, 1, bias=-3, signed=False, subnormals=False)], ids=fmt_id)
 def test_flush_keeps_negative_infinity_negative(fmt):
     assert fmt.emin > 0
     x = np.array([-np.inf], dtype=np.float64)
@@ -316,7 +316,7 @@ BUGGY_NO_SUBNORMAL_FORMATS = [Format(2, 3, nan="none", subnormals=False),
 @pytest.mark.xfail(strict=True, reason="BUG: for formats without subnormals whose man_bits exceed emax - emin, "
                                        "round_bits flags every input below min normal as overflow "
                                        "(q = emin there, and q > emax - man_bits): 0.1 -> max instead of 0")
-@pytest.mark.parametrize("fmt", BUGGY_NO_SUBNORMAL_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", BUGGY_NO_SUBNORMAL_FORMATS, ids=fmt_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_tiny_inputs_of_formats_without_subnormals(fmt, dtype):
     m = float(fmt.min_normal)
@@ -330,7 +330,7 @@ def test_tiny_inputs_of_formats_without_subnormals(fmt, dtype):
 
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
 @pytest.mark.parametrize("fmt", [get_format(n) for n in BYTE_PRESETS] + list(CUSTOM_FORMATS.values()),
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_every_mode_sweep_matches_oracle(fmt, rounding):
     """Deterministic version of the above: every value, tie and +-1 ulp neighbour (float32 and float64),
     saturate on and off (flush options are covered by the next test and the hypothesis tests).
@@ -355,7 +355,7 @@ def test_every_mode_sweep_matches_oracle(fmt, rounding):
 
 
 @pytest.mark.parametrize("fmt", [get_format(n) for n in ("fp16", "bf16", "e4m3", "e5m2fnuz", "e2m1", "e8m0")]
-                         + [CUSTOM_FORMATS["e4m3fn_nosub"], CUSTOM_FORMATS["e3m4fnuz_b2"]], ids=lambda f: f.name)
+                         + [CUSTOM_FORMATS["e4m3fn_nosub"], CUSTOM_FORMATS["e3m4fnuz_b2"]], ids=fmt_id)
 def test_flush_options_match_oracle_near_the_subnormal_range(fmt):
     for dtype in (np.float32, np.float64):
         x = sweep_points(fmt, dtype)
@@ -373,7 +373,7 @@ BELOW_ONE_FORMATS = [Format(4, 3, bias=20, nan="fn"), Format(3, 2, bias=8), Form
 @pytest.mark.xfail(strict=True, reason="BUG: for formats whose max is below 1 (emax < 0), a zero input is flagged "
                                        "as overflow (decompose gives zeros exponent 0, which is above emax): "
                                        "0.0 -> NaN / Inf / max instead of 0")
-@pytest.mark.parametrize("fmt", BELOW_ONE_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", BELOW_ONE_FORMATS, ids=fmt_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_zero_input_of_formats_below_one(fmt, dtype):
     assert fmt.max < 1
@@ -499,7 +499,7 @@ def test_signed_zeros(name, dtype):
 
 
 @pytest.mark.parametrize("fmt", [CUSTOM_FORMATS["e4m3fn_unsigned"], CUSTOM_FORMATS["e4m3_unsigned_nonan"]],
-                         ids=lambda f: f.name)
+                         ids=fmt_id)
 def test_unsigned_formats_map_negative_zero_to_zero_and_negatives_to_nan(fmt):
     got = quantize(np.array([-0.0, 0.0, -1.0, -1e-30], dtype=np.float32), fmt)
     assert got[0] == 0 and not np.signbit(got[0])
