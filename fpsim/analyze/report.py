@@ -156,11 +156,12 @@ class Report:
             out["gradscaler.png"] = figures.gradscaler_trajectory(self)
         return out
 
-    def save(self, directory) -> dict:
-        """Write report.json, report.html and the PNG figures into `directory` (created if needed).
+    def save(self, directory, figures: bool = True) -> dict:
+        """Write report.json, report.html and (unless figures=False) the PNG figures into `directory`.
 
-        Every file is written atomically. Under torch.distributed only rank 0
-        writes (the report is the same on every rank). Returns {what: path}.
+        The directory is created if needed; every file is written atomically.
+        Under torch.distributed only rank 0 writes (the report is the same on
+        every rank). Returns {file name: path}.
         """
         directory = os.fspath(directory)
         if self.rank != 0:
@@ -168,7 +169,7 @@ class Report:
         os.makedirs(directory, exist_ok=True)
         paths = {}
         pngs = {}
-        for name, fig in self.figures().items():
+        for name, fig in (self.figures() if figures else {}).items():
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=110)
             pngs[name] = buffer.getvalue()

@@ -1,0 +1,64 @@
+"""Under DDP (2 ranks, gloo, CPU) the statistics are reduced across ranks and rank 0 alone writes the report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from analyze_helpers import assert_same, numpy_count
+
+
+def _worker(rank: int, world: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    try:
+        from fpsim.analyze import watch
+        from fpsim.analyze.demo import SensorNet, sensor_data
+
+        data = sensor_data(samples=1024)
+        torch.manual_seed(0)
+        model = SensorNet(hidden=16, depth=2)
+        seen = []
+        model.body[0].register_forward_hook(lambda m, a, out: seen.append(out.detach().clone()))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        with watch(ddp) as w:
+            for step in range(4):
+                i = torch.arange(64) + 64 * (2 * step + rank)   # each rank its own shard
+                loss = torch.nn.functional.cross_entropy(ddp(data["readings"][i], data["pressure"][i]),
+                                                         data["label"][i])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        np.save(os.path.join(folder, f"activations{rank}.npy"),
+                torch.cat([s.reshape(-1) for s in seen]).numpy())
+        np.save(os.path.join(folder, f"weights{rank}.npy"),
+                torch.cat([p.detach().reshape(-1) for p in model.body[0].parameters()]).numpy())
+        report = w.report()                       # collective: every rank calls it
+        assert report.run["world_size"] == world
+        report.save(os.path.join(folder, f"out{rank}"), figures=False)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_two_ranks_reduce_to_one_report(tmp_path):
+    mp.spawn(_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    assert (tmp_path / "out0" / "report.json").exists()
+    assert not (tmp_path / "out1").exists()                  # only rank 0 writes
+    report = json.loads((tmp_path / "out0" / "report.json").read_text())
+    assert report["run"]["world_size"] == 2
+    layer = next(layer for layer in report["layers"] if layer["name"] == "body.0")
+    from fpsim.analyze.histogram import Log2Histogram
+
+    both = np.concatenate([np.load(tmp_path / f"activations{r}.npy") for r in (0, 1)])
+    assert_same(Log2Histogram.from_dict(layer["tensors"]["activation"]["log2_histogram"]), numpy_count(both))
+    assert layer["tensors"]["activation"]["samples"] == 8               # 4 steps x 2 ranks
+    assert layer["tensors"]["weight"]["samples"] == 4                   # replicated: rank 0's only
+    assert layer["tensors"]["weight"]["values"] == np.load(tmp_path / "weights0.npy").size * 4
