@@ -4,7 +4,9 @@ Run on a machine with an NVIDIA GPU, from the repository root:
 
     python3 tools/gpu_checks.py OUT.json
 
-It compares, bit for bit, fpsim on CUDA tensors with fpsim on numpy (whose
+It runs the gradient-underflow analyzer on a CUDA model under CUDA's sync
+debug mode (any host synchronisation in its hooks raises), and compares, bit
+for bit, fpsim on CUDA tensors with fpsim on numpy (whose
 correctness the CPU test suite establishes against the exact oracle,
 ml_dtypes and torch), and times quantize on the GPU against torch's own
 float8 casts. Writes a JSON report and exits non-zero when any comparison
@@ -118,6 +120,70 @@ def check_tensorcore(report, rng) -> int:
     return failures
 
 
+def check_analyzer(report) -> int:
+    """fpsim.watch on a CUDA model: no host synchronisation in its hooks (CUDA's sync debug mode
+    raises on any), the same element counts as the same run on the CPU, and the step-time cost."""
+    import time as _time
+
+    def run(device, watched, steps=30, sync_check=False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        x = torch.randn(steps, 128, 256, generator=g).to(device)
+        y = torch.randint(0, 10, (steps, 128), generator=g).to(device)
+        watcher = fpsim.watch(model, formats=("fp16", "bf16", "e4m3", "e5m2")) if watched else None
+
+        def loop():
+            for i in range(steps):
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x[i]), y[i]) * 1e-3
+                loss.backward()
+                optimizer.step()
+
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = _time.perf_counter()
+        if watcher is not None:
+            with watcher:
+                if sync_check:
+                    torch.cuda.set_sync_debug_mode("error")
+                try:
+                    loop()
+                finally:
+                    if sync_check:
+                        torch.cuda.set_sync_debug_mode(0)
+        else:
+            loop()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return watcher, _time.perf_counter() - start
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpu_watch, _ = run("cuda", True, sync_check=True)
+    cpu_watch, _ = run("cpu", True)
+    gpu_report, cpu_report = gpu_watch.report(), cpu_watch.report()
+    counts_equal = [layer.name for layer in gpu_report.layers] == [layer.name for layer in cpu_report.layers] and all(
+        gl.tensors[k].hist.total == cl.tensors[k].hist.total
+        for gl, cl in zip(gpu_report.layers, cpu_report.layers) for k in gl.tensors)
+    _, t_plain = run("cuda", False, steps=200)
+    _, t_watch = run("cuda", True, steps=200)
+    result = {
+        "hook_error": gpu_watch.observation_error, "warnings": [str(w.message)[:200] for w in caught],
+        "layers": [layer.name for layer in gpu_report.layers],
+        "verdicts_gpu": {n: {f: gpu_report.verdict(n, f) for f in gpu_report.formats}
+                         for n in (layer.name for layer in gpu_report.layers)},
+        "verdicts_cpu": {n: {f: cpu_report.verdict(n, f) for f in cpu_report.formats}
+                         for n in (layer.name for layer in cpu_report.layers)},
+        "element_counts_equal_to_cpu": bool(counts_equal),
+        "step_time_ratio_every_step_200_steps": t_watch / t_plain,
+    }
+    report["analyzer_cuda"] = result
+    return 0 if gpu_watch.observation_error is None and counts_equal and result["layers"] else 1
+
+
 def time_gpu(report) -> None:
     """quantize on a CUDA tensor against torch's own casts, 100 million float32 elements."""
     x = torch.randn(100_000_000, device="cuda") * 4
@@ -153,6 +219,11 @@ def main() -> int:
     failures += check_codec(report, rng)
     failures += check_stochastic(report)
     failures += check_tensorcore(report, rng)
+    try:
+        failures += check_analyzer(report)
+    except Exception as err:  # noqa: BLE001 - reported, counted as a failure
+        report["analyzer_cuda_error"] = repr(err)
+        failures += 1
     try:
         time_gpu(report)
     except Exception as err:  # noqa: BLE001 - timing is informative only
