@@ -170,7 +170,11 @@ def cmd_study(args) -> int:
             raise ValueError(f"unknown study {name!r}; allowed: {', '.join(studies.STUDIES)} or all")
     for name in names:
         print(f"study {name}{' (fast)' if args.fast else ''} ...", file=sys.stderr, flush=True)
-        result = studies.run(name, fast=args.fast, out=args.out)
+        try:
+            result = studies.run(name, fast=args.fast, out=args.out)
+        except studies.StudyUnavailable as err:
+            print(f"fpsim study: {name}: {err}", file=sys.stderr)
+            return 2
         print(f"{name}: {result.finding}")
         print(f"  page    {result.page}")
         for path in result.figures:

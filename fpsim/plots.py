@@ -231,7 +231,8 @@ def lost_fractions(values, fmt, scale: float = 1.0) -> tuple[float, float]:
 
 
 def log2_histogram(data, formats=GRADIENT_FORMATS, *, scale: float = 1.0, bins=None, title: str | None = None,
-                   xlabel: str | None = None, annotate_lost: bool = True):
+                   xlabel: str | None = None, annotate_lost: bool = True, lost=None, xlim=None,
+                   lost_label: str = "lost"):
     """Histograms of log2 |x| (one step line per array) above bars of each format's range.
 
     data: an array (numpy or torch) or a mapping label -> array; zeros and
@@ -240,7 +241,9 @@ def log2_histogram(data, formats=GRADIENT_FORMATS, *, scale: float = 1.0, bins=N
     already have on a log2 axis. scale multiplies the values first (a loss
     scale): the figure then shows where the scaled values sit. With
     annotate_lost, each format bar says which share of all the (scaled)
-    values would round to zero or overflow in that format.
+    values would round to zero or overflow in that format; pass lost =
+    {format name: (fraction to zero, fraction overflowing)} to annotate
+    fractions you computed yourself (for histograms given as counts).
     """
     items = _histogram_inputs(data)
     fmts = _formats(formats)
@@ -261,11 +264,19 @@ def log2_histogram(data, formats=GRADIENT_FORMATS, *, scale: float = 1.0, bins=N
         all_values.append(v[keep])
         hists[label] = (None, np.log2(np.abs(v[keep])), int((~keep).sum()))
     finite_logs = [h[1] for h in hists.values() if h[0] is None and h[1].size]
-    fmt_lo = min(_fraction_log2(f.min_subnormal) for f in fmts)
-    fmt_hi = max(_fraction_log2(f.max) for f in fmts)
+    data_lo = [float(np.floor(x.min())) for x in finite_logs] + [float(h[0][0]) for h in hists.values()
+                                                                  if h[0] is not None]
+    data_hi = [float(np.ceil(x.max())) + 1 for x in finite_logs] + [float(h[0][-1]) for h in hists.values()
+                                                                     if h[0] is not None]
+    # formats as wide as FP32's exponent range would squash the data: they run off the edges instead
+    fmt_lo = [_fraction_log2(f.min_subnormal) for f in fmts if _fraction_log2(f.min_subnormal) > -64]
+    fmt_hi = [_fraction_log2(f.max) for f in fmts if _fraction_log2(f.max) < 64]
+    if xlim is None:
+        xlim = (min(data_lo + [v - 2 for v in fmt_lo] or [-30.0]) - 1, max(data_hi + [v + 2 for v in fmt_hi] or [5.0]) + 1)
+    xlim = (float(xlim[0]), float(xlim[1]))
     if bins is None:
-        lo = min([fmt_lo - 2] + [float(np.floor(x.min())) for x in finite_logs])
-        hi = max([fmt_hi + 2] + [float(np.ceil(x.max())) + 1 for x in finite_logs])
+        lo = min([xlim[0]] + data_lo)
+        hi = max([xlim[1]] + data_hi)
         bins = np.arange(math.floor(lo), math.ceil(hi) + 1)
     bins = np.asarray(bins, dtype=float)
     with _style():
@@ -295,18 +306,24 @@ def log2_histogram(data, formats=GRADIENT_FORMATS, *, scale: float = 1.0, bins=N
                 bands.barh(row, lo_norm - lo_sub, left=lo_sub, height=0.6, color=color, alpha=0.35, hatch="///",
                            edgecolor=color)
             bands.barh(row, hi - lo_norm, left=lo_norm, height=0.6, color=color, alpha=0.85)
-            if annotate_lost and pooled.size:
-                under, over = lost_fractions(pooled, fmt)
-                bands.annotate(f"lost: {100 * under:.3g}% → 0, {100 * over:.3g}% → Inf/NaN", (hi, row),
-                               xytext=(4, 0), textcoords="offset points", va="center", fontsize=8.5)
+            shares = None
+            if annotate_lost and lost is not None and fmt.name in lost:
+                shares = lost[fmt.name]
+            elif annotate_lost and lost is None and pooled.size:
+                shares = lost_fractions(pooled, fmt)
+            if shares is not None:
+                under, over = shares
+                bands.annotate(f"{100 * under:.3g}% → 0\n{100 * over:.3g}% → Inf/NaN", (1.0, row),
+                               xycoords=("axes fraction", "data"), xytext=(6, 0), textcoords="offset points",
+                               va="center", fontsize=8.5)
+        if annotate_lost and (lost is not None or pooled.size):
+            bands.annotate(lost_label + ":", (1.0, 1.0), xycoords="axes fraction", xytext=(6, 2),
+                           textcoords="offset points", va="bottom", fontsize=8.5, fontweight="bold")
         bands.set_yticks(range(len(fmts)), [f.name for f in reversed(fmts)])
         bands.set_ylim(-0.6, len(fmts) - 0.4)
         bands.grid(axis="y", visible=False)
         bands.set_ylabel("range\n(hatched:\nsubnormal)")
-        lo, hi = float(bins[0]), float(bins[-1])
-        if annotate_lost and pooled.size:
-            hi += 0.45 * (hi - lo)  # room for the annotations right of the bars
-        ax.set_xlim(lo, hi)
+        ax.set_xlim(*xlim)
         bands.set_xlabel(xlabel or "log2 |x|  (binade exponent e: |x| = 2^e)")
         _outside_legend(fig, ax, loc="outside upper center", ncol=2)
     return fig
@@ -329,7 +346,7 @@ def loss_scale_window(scales, losses, *, window=None, reference: float | None = 
     series = dict(losses) if isinstance(losses, Mapping) else {"final loss": losses}
     x = np.log2(scales)
     with _style():
-        fig, axes = _figure(7.5, 4.0)
+        fig, axes = _figure(7.5, 4.8)
         ax = axes[0, 0]
         finite_all = np.concatenate([np.asarray(v, float)[np.isfinite(np.asarray(v, float))] for v in series.values()]
                                     + ([np.array([reference])] if reference is not None else []))
@@ -363,7 +380,7 @@ def loss_scale_window(scales, losses, *, window=None, reference: float | None = 
         ax.set_ylabel(ylabel)
         ax.set_xticks(np.arange(math.floor(x.min()), math.ceil(x.max()) + 1, max(1, int(np.ptp(x) // 12) or 1)))
         ax.set_title(title or "Final loss against loss scale")
-        _outside_legend(fig, ax)
+        _outside_legend(fig, ax, loc="outside lower center", ncol=2)
     return fig
 
 

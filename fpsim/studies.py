@@ -27,6 +27,10 @@ STUDIES = ("format_ranges", "gradient_underflow", "loss_scale_sweep", "accumulat
 """Study names, in the order docs/studies.md presents them."""
 
 
+class StudyUnavailable(RuntimeError):
+    """A study cannot run in this checkout (a part of fpsim it needs is missing)."""
+
+
 def studies_dir() -> Path:
     """The folder holding the study scripts (``studies/`` of the source tree)."""
     return Path(__file__).resolve().parent.parent / "studies"

@@ -22,19 +22,31 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("docs")
-    return {name: studies.run(name, fast=True, out=out) for name in AVAILABLE}
+    found = {}
+    for name in AVAILABLE:
+        try:
+            found[name] = studies.run(name, fast=True, out=out)
+        except studies.StudyUnavailable:  # a checkout without the analyzer
+            found[name] = None
+    return found
+
+
+def _result(results, name):
+    if results.get(name) is None:
+        pytest.skip(f"study {name} cannot run in this checkout")
+    return results[name]
 
 
 def test_registry_lists_the_scripts_present():
     assert set(AVAILABLE) <= set(studies.STUDIES)
-    assert {"format_ranges", "accumulation_error", "tensorcore_probes"} <= set(AVAILABLE)
+    assert set(AVAILABLE) == set(studies.STUDIES)
     with pytest.raises(ValueError, match="unknown study"):
         studies.run("no_such_study")
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
 def test_study_writes_its_page_and_figures(results, name):
-    result = results[name]
+    result = _result(results, name)
     assert result.fast and result.finding
     text = result.page.read_text(encoding="utf-8")
     assert result.page.name == f"{name}.md"
@@ -48,7 +60,7 @@ def test_study_writes_its_page_and_figures(results, name):
 
 
 def test_format_ranges_match_the_specifications(results):
-    values = results["format_ranges"].values
+    values = _result(results, "format_ranges").values
     assert values["mismatches"] == []
     # round to nearest: the error in the normal range never exceeds u / (1 + u), u = 2^-p
     for name, p in (("fp16", 11), ("bf16", 8), ("e4m3", 4), ("e5m2", 3)):
@@ -56,7 +68,7 @@ def test_format_ranges_match_the_specifications(results):
 
 
 def test_accumulation_error_grows_without_promotion_and_stays_flat_with_it(results):
-    values = results["accumulation_error"].values
+    values = _result(results, "accumulation_error").values
     native, promoted = values["native_u_by_k"], values["promoted_u_by_k"]
     ks = values["ks"]
     assert all(b > a for a, b in zip(native[2:], native[3:]))              # growing with K beyond a few blocks
@@ -68,12 +80,33 @@ def test_accumulation_error_grows_without_promotion_and_stays_flat_with_it(resul
 
 
 def test_tensorcore_probes_agree_with_the_real_h200(results):
-    values = results["tensorcore_probes"].values
+    values = _result(results, "tensorcore_probes").values
     assert values["disagreements"] == []
     assert values["capture_exact"] == values["capture_rows"] > 100000
     assert values["decreasing_pairs"] == 0 < values["dominated_pairs"]
     assert values["hopper_fp8_real"]["window"] == "13"                      # the published 13-bit FP8 window
     assert all(v == "2 · 2^-23" for v in values["drops"].values())
+
+
+def test_gradient_underflow_ranks_the_formats_by_range(results):
+    values = _result(results, "gradient_underflow").values
+    # part of the activation gradients lies below FP16's smallest subnormal, as Micikevicius et al. found
+    assert values["below_2_24"] > 0
+    assert 0 < values["fp16_lost_1"] <= values["below_2_24"]
+    # smallest subnormals: e4m3 2^-9 > e5m2 2^-16 > fp16 2^-24 > bf16 2^-133, so losses rank the other way
+    assert values["e4m3_lost_1"] > values["e5m2_lost_1"] > values["fp16_lost_1"] > values["bf16_lost_1"] == 0
+    assert values["fp16_lost_8"] < values["fp16_lost_1"]
+    lo, hi = values["fp16_window"]
+    assert lo <= values["fp16_recommended"] <= hi
+
+
+def test_loss_scale_sweep_overflows_above_the_window(results):
+    values = _result(results, "loss_scale_sweep").values
+    lo, hi = values["window"]
+    assert values["inside_ok"]
+    assert values["first_diverged"] is not None and values["first_diverged"] > hi
+    finals = dict(zip(values["exponents"], values["finals"]))
+    assert all(f == f for e, f in finals.items() if e <= hi)               # no NaN at or below the window's top
 
 
 def test_cli_lists_and_runs_a_study(tmp_path):
@@ -91,4 +124,4 @@ def test_script_runs_directly_and_is_deterministic(tmp_path, results):
     subprocess.run([sys.executable, str(ROOT / "studies" / "format_ranges.py"), "--fast", "--out", str(tmp_path)],
                    check=True, capture_output=True)
     again = (tmp_path / "studies" / "format_ranges.md").read_text(encoding="utf-8")
-    assert again == results["format_ranges"].page.read_text(encoding="utf-8")
+    assert again == _result(results, "format_ranges").page.read_text(encoding="utf-8")
