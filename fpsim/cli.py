@@ -221,8 +221,10 @@ def _print_report(report, paths: dict, out) -> None:
 
 def cmd_demo(args) -> int:
     """Train the bundled demo model on generated data, observe it, write and summarise the report."""
-    from .analyze.demo import run_demo
+    from .analyze.demo import DEMO_STEPS, run_demo
 
+    if args.steps is None:
+        args.steps = DEMO_STEPS
     progress = _Progress("demo", args.steps)
     try:
         report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every,
@@ -239,10 +241,6 @@ def cmd_demo(args) -> int:
 def cmd_analyze(args) -> int:
     """Observe an unmodified training script (or the demo) and write the report."""
     if args.demo:
-        if args.steps is None:
-            from .analyze.demo import DEMO_STEPS
-
-            args.steps = DEMO_STEPS
         return cmd_demo(args)
     if not args.script:
         raise ValueError("give a training script (fpsim analyze train.py -- ARGS) or --demo")
@@ -276,10 +274,10 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-def _add_analyzer_options(p, default_steps) -> None:
+def _add_analyzer_options(p) -> None:
     p.add_argument("--out", default="fpsim-report", metavar="DIR", help="report folder (default fpsim-report)")
-    p.add_argument("--steps", type=int, default=default_steps, metavar="N",
-                   help="stop after N optimizer steps" + (f" (default {default_steps})" if default_steps else ""))
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="stop after N optimizer steps (the demo: train N steps, default 400)")
     p.add_argument("--every", type=int, default=1, metavar="N", help="observe every N-th step (default 1)")
     p.add_argument("--formats", default="fp16,bf16,e4m3,e5m2", help="formats to judge, comma-separated")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the demo (default 1)")
@@ -327,14 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capture, passthrough=True)
     p = sub.add_parser("demo", help="train a small model on generated data, observe it, write a gradient-"
                                     "underflow report (fpsim-report/)")
-    _add_analyzer_options(p, 300)
+    _add_analyzer_options(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("analyze", help="observe a training script: which layers need loss scaling or FP32 "
                                        "(fpsim analyze train.py -- ARGS)")
     p.add_argument("script", nargs="?", help="the training script, run as `python SCRIPT ARGS` would")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
-    _add_analyzer_options(p, None)
+    _add_analyzer_options(p)
     p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
                    help="which modules to record (default params: modules holding parameters)")
     p.add_argument("--demo", action="store_true", help="run the demo instead of a script (as fpsim demo)")

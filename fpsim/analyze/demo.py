@@ -29,7 +29,7 @@ import time
 import torch
 from torch import nn
 
-DEMO_STEPS = 300
+DEMO_STEPS = 400
 DEMO_BATCH = 1024
 DEMO_SEED = 0
 CLASSES = 5

@@ -54,7 +54,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         if (kind in ("activation_grad", "weight_grad") and not lim.per_tensor_scaled and ls is not None
                 and ls.recommended_log2):
             rows.append((f"{lim.name} ×2^{ls.recommended_log2}", lim, ls.recommended_log2))
-    fig = _figure(11, 1.6 + 0.24 * max(len(layers), 3) + 0.3 * len(rows))
+    fig = _figure(11, 1.7 + 0.24 * max(len(layers), 3) + 0.2 * len(rows))
     if not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, f"no {kind} recorded", ha="center", va="center", transform=ax.transAxes)
@@ -71,17 +71,16 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
             hi = max(hi, lim.emax + 1)
     lo, hi = max(lo - 2, E_LO), min(hi + 2, E_LO + N_BINS)
     window = matrix[:, lo - E_LO:hi - E_LO]
-    grid = fig.add_gridspec(2, 2, height_ratios=[0.3 * len(rows) + 0.2, 0.24 * max(len(layers), 3)],
+    grid = fig.add_gridspec(2, 2, height_ratios=[0.2 * len(rows) + 0.15, 0.24 * max(len(layers), 3)],
                             width_ratios=[1, 0.018])
     bands = fig.add_subplot(grid[0, 0])
     heat = fig.add_subplot(grid[1, 0], sharex=bands)
     bar_axis = fig.add_subplot(grid[1, 1])
     masked = np.ma.masked_equal(window, 0)
-    image = heat.pcolormesh(np.arange(lo, hi + 1), np.arange(len(layers) + 1), masked,
-                            norm=LogNorm(vmin=1e-6, vmax=1), cmap="viridis", shading="flat")
+    image = heat.imshow(masked, norm=LogNorm(vmin=1e-6, vmax=1), cmap="viridis", aspect="auto",
+                        interpolation="nearest", extent=(lo, hi, len(layers), 0))
     heat.set_facecolor("#f2f2f2")
     heat.set_yticks(np.arange(len(layers)) + 0.5, [layer.name for layer in layers], fontsize=8)
-    heat.invert_yaxis()
     heat.set_xlabel("log2 |value|   (bin e holds 2^e ≤ |x| < 2^(e+1))")
     heat.set_xlim(lo, hi)
     cbar = fig.colorbar(image, cax=bar_axis)
@@ -90,8 +89,8 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         colour = _colour(report, lim.name)
         y = len(rows) - 1 - i
         z, emin, top = lim.zero_exponent - shift, lim.emin - shift, lim.emax + 1 - shift
-        bands.broken_barh([(z, emin - z)], (y + 0.15, 0.7), facecolors=colour, alpha=0.3)
-        bands.broken_barh([(emin, top - emin)], (y + 0.15, 0.7), facecolors=colour, alpha=0.85)
+        bands.broken_barh([(z, emin - z)], (y + 0.12, 0.76), facecolors=colour, alpha=0.3)
+        bands.broken_barh([(emin, top - emin)], (y + 0.12, 0.76), facecolors=colour, alpha=0.85)
         if shift == 0:
             for edge in (lim.zero_exponent, lim.emax + 1):
                 if lo <= edge <= hi:
@@ -112,7 +111,7 @@ def loss_scale_windows(report, formats=None):
     limits = [lim for lim in report.limits
               if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
     layers = [layer for layer in report.layers if any(k in layer.tensors for k in ("activation_grad", "weight_grad"))]
-    fig = _figure(4.2 * max(len(limits), 1) + 2.2, 1.4 + 0.26 * max(len(layers), 3))
+    fig = _figure(4.6 * max(len(limits), 1) + 2.0, 1.9 + 0.26 * max(len(layers), 3))
     if not limits or not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "no gradients recorded or no loss-scaled format", ha="center", va="center",
@@ -121,39 +120,48 @@ def loss_scale_windows(report, formats=None):
         return fig
     axes = fig.subplots(1, len(limits), sharey=True, squeeze=False)[0]
     search_lo, search_hi = report.settings.scale_range
+    handles = {}
     for ax, lim in zip(axes, limits):
         ls = report.loss_scale[lim.name]
         windows = [layer.gradient_window(lim, report.settings) for layer in layers]
         ends = [e for w in windows if w is not None for e in w]
         if ls.min_log2 is not None:
             ends += [ls.min_log2, ls.max_log2]
-        lo = max(min(ends, default=-4) - 3, search_lo)
-        hi = min(max(ends, default=24) + 4, search_hi + 1)
+        lo = max(min(ends + [0], default=-4) - 3, search_lo - 1)
+        hi = min(max(ends + [0], default=24) + 3, search_hi + 1)
         if ls.min_log2 is not None:
-            ax.axvspan(ls.min_log2, ls.max_log2 + 1, color="#1f77b4", alpha=0.12, label="shared window")
+            handles["shared"] = ax.axvspan(ls.min_log2 - 0.5, ls.max_log2 + 0.5, color="#1f77b4", alpha=0.13)
         for i, (layer, w) in enumerate(zip(layers, windows)):
             if w is None:
-                ax.text(lo + 0.3, i, "no usable scale", va="center", fontsize=7.5, color="#d62728")
+                ax.text(lo + 0.5, i, "no usable scale", va="center", fontsize=7.5, color="#d62728")
                 continue
             served = layer.name in ls.served
-            ax.barh(i, w[1] + 1 - w[0], left=w[0], height=0.6, color="#2ca02c" if served else "#d62728",
-                    alpha=0.8)
+            bar = ax.barh(i, w[1] - w[0] + 1, left=w[0] - 0.5, height=0.6,
+                          color="#2ca02c" if served else "#d62728", alpha=0.8)
+            handles["served" if served else "unserved"] = bar
         if ls.recommended_log2 is not None:
-            ax.axvline(ls.recommended_log2 + 0.5, color="black", lw=1.5,
-                       label=f"recommended 2^{ls.recommended_log2}")
-        ax.axvline(0.5, color="grey", lw=0.8, ls=":", label="scale 1")
+            handles["recommended"] = ax.axvline(ls.recommended_log2, color="black", lw=1.6)
+        handles["one"] = ax.axvline(0, color="grey", lw=0.9, ls=":")
         ax.set_xlim(lo, hi)
         ax.set_xlabel("log2 loss scale")
-        title = f"{lim.name}: " + ("no shared scale" if ls.recommended_log2 is None
-                                   else f"use 2^{ls.recommended_log2}")
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7, loc="lower right")
+        if ls.recommended_log2 is None:
+            title = f"{lim.name}: no scale serves any layer"
+        elif ls.recommended_log2 == 0:
+            title = f"{lim.name}: scale 1 (no scaling needed)"
+        else:
+            title = f"{lim.name}: recommended 2^{ls.recommended_log2} (window 2^{ls.min_log2}..2^{ls.max_log2})"
+        ax.set_title(title, fontsize=9.5)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(layers)), [layer.name for layer in layers], fontsize=8)
-    axes[0].invert_yaxis()
+    axes[0].set_ylim(len(layers) - 0.5, -0.5)
+    labels = {"served": "usable window of a layer the shared scale serves",
+              "unserved": "usable window of a layer no shared scale serves", "shared": "shared window",
+              "recommended": "recommended scale", "one": "scale 1"}
+    keys = [k for k in labels if k in handles]
+    fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="outside lower center",
+               ncols=min(len(keys), 3), fontsize=8, frameon=False)
     fig.suptitle("Loss scales 2^s that keep each layer's gradient underflow ≤ "
-                 f"{report.settings.underflow_threshold:g} without overflow (red: no shared scale serves it)",
-                 fontsize=10)
+                 f"{report.settings.underflow_threshold:g} (of nonzero values) without overflow", fontsize=10)
     return fig
 
 
@@ -161,19 +169,33 @@ def gradscaler_trajectory(report):
     """The loss scale torch.amp.GradScaler (default settings) would use at each step of the observed run."""
     fig = _figure(8, 3.4)
     ax = fig.add_subplot()
+    low, high = [], []
     for name, p in report.gradscaler.items():
+        colour = _colour(report, name)
         steps = [s for s, _ in p.trajectory] + [p.steps]
-        scales = [np.log2(v) for _, v in p.trajectory]
+        scales = [float(np.log2(v)) for _, v in p.trajectory]
         scales.append(scales[-1])
-        ax.step(steps, scales, where="post", color=_colour(report, name),
-                label=f"{name}: {p.skipped_steps} skipped steps")
+        ax.step(steps, scales, where="post", color=colour, lw=1.6,
+                label=f"{name}: {p.skipped_steps} of {p.steps} steps skipped")
+        backoffs = [(s, float(np.log2(v))) for (s, v), (_, before) in zip(p.trajectory[1:], p.trajectory)
+                    if v < before]
+        if backoffs:
+            ax.plot([b[0] for b in backoffs], [b[1] for b in backoffs], "v", color=colour, ms=5,
+                    label=f"{name}: a skipped step (overflow, scale halved)")
+        low.append(min(scales))
+        high.append(max(scales))
         ls = report.loss_scale.get(name)
         if ls is not None and ls.min_log2 is not None:
-            ax.axhspan(ls.min_log2, ls.max_log2, color=_colour(report, name), alpha=0.08)
+            ax.axhspan(ls.min_log2, ls.max_log2, color=colour, alpha=0.1,
+                       label=f"{name}: the analyzer's usable window")
+            low.append(max(ls.min_log2, min(scales) - 12))
+            high.append(min(ls.max_log2, max(scales) + 12))
+    if low:
+        ax.set_ylim(min(low) - 2, max(high) + 2)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("log2 loss scale")
-    ax.set_title("Predicted torch.amp.GradScaler scale (init 2^16, backoff 0.5, growth 2 every 2000 steps);\n"
-                 "shaded: the analyzer's usable window", fontsize=9.5)
+    ax.set_title("Predicted torch.amp.GradScaler scale on this run (init 2^16, backoff 0.5, growth 2 every "
+                 "2000 steps)", fontsize=9.5)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
     return fig

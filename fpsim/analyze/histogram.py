@@ -26,6 +26,7 @@ classes, then two `huge` counters (+, -) used only by float64 input.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -40,17 +41,26 @@ TINY_LOG2_RANGE = (-149, -126)
 
 _F32_MANTISSA = 0x7FFFFF
 _F64_MANTISSA = (1 << 52) - 1
-_CPU_CHUNK = 1 << 16
 
 
-def _index_f32(flat):
-    """sign << 9 | exponent field << 1 | (mantissa != 0), as int32, for a flat float32 tensor."""
+def _index_f32(flat, scratch=None):
+    """sign << 9 | exponent field << 1 | (mantissa != 0), as int32, for a flat float32 tensor.
+
+    scratch: two int32 buffers at least as long (reused on the CPU, where fresh
+    large tensors cost page faults).
+    """
     import torch
 
     bits = flat.view(torch.int32)
-    sign_exponent2 = (bits >> 22).bitwise_and_(0x3FE)
-    mantissa_nonzero = (bits & _F32_MANTISSA).clamp_max_(1)
-    return sign_exponent2.add_(mantissa_nonzero)
+    if scratch is None:
+        sign_exponent2 = bits >> 22
+        mantissa_nonzero = bits & _F32_MANTISSA
+    else:
+        n = flat.numel()
+        sign_exponent2 = torch.bitwise_right_shift(bits, 22, out=scratch[0][:n])
+        mantissa_nonzero = torch.bitwise_and(bits, _F32_MANTISSA, out=scratch[1][:n])
+    sign_exponent2.bitwise_and_(0x3FE)
+    return sign_exponent2.add_(mantissa_nonzero.clamp_max_(1))
 
 
 class Log2Counter:
@@ -58,6 +68,16 @@ class Log2Counter:
 
     def __init__(self):
         self._f64_maps = {}
+        self._local = threading.local()  # per-thread scratch buffers (hooks may run in autograd threads)
+
+    def _scratch(self, n: int):
+        import torch
+
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None or buffers[0].numel() < n:
+            buffers = (torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.int32))
+            self._local.buffers = buffers
+        return buffers
 
     def count(self, x):
         """(counts int64[RAW_SIZE], min, max) of a floating tensor; nothing read back to the host.
@@ -66,20 +86,14 @@ class Log2Counter:
         """
         import torch
 
-        x = x.detach()
         if x.dtype == torch.float64:
-            idx, size = self._index_f64(x), 8192
-            counts = self._bincount(idx.reshape(-1), size)
+            counts, size = self._bincount(self._index_f64(x).reshape(-1), 8192), 8192
         else:
             if x.dtype != torch.float32:
                 x = x.float()
-            flat, size = x.reshape(-1), RAW_SIZE
-            if flat.device.type == "cpu" and flat.numel() > 2 * _CPU_CHUNK:
-                # chunks that stay in cache: the passes below then cost about half as much
-                counts = sum(self._bincount(_index_f32(flat[i:i + _CPU_CHUNK]), size)
-                             for i in range(0, flat.numel(), _CPU_CHUNK))
-            else:
-                counts = self._bincount(_index_f32(flat), size)
+            flat = x.reshape(-1)
+            scratch = self._scratch(flat.numel()) if flat.device.type == "cpu" else None
+            counts, size = self._bincount(_index_f32(flat, scratch), RAW_SIZE), RAW_SIZE
         if size == 8192:
             counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=counts.device).index_add_(
                 0, self._f64_map(counts.device), counts)

@@ -26,8 +26,9 @@ KINDS = ("activation", "activation_grad", "weight", "weight_grad", "update")
 """The tensor kinds a watch can record."""
 DEFAULT_FORMATS = ("fp16", "bf16", "e4m3", "e5m2")
 MODULE_PRESETS = ("params", "leaves", "all")
-"""modules=: "params" (the default, also None): modules holding parameters, plus the model itself;
-"leaves": those and every module without children (activation functions, dropout, ...); "all": every module."""
+"""modules=: "params" (the default, also None): the modules holding parameters of their own; "leaves":
+those, every module without children (activation functions, dropout, ...) and the model itself; "all":
+every module."""
 REPLICATED_KINDS = ("weight", "weight_grad", "update")
 """Identical on every rank under DDP: taken from rank 0, not summed."""
 
@@ -50,10 +51,10 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
     formats: names or fpsim.Format objects (signed, with a zero).
     kinds: which of KINDS to record (default all).
     modules: "params" (default; None too): every module holding parameters of
-        its own, and the model itself; "leaves": those and every module
-        without children (activation functions, ...); "all": every module; or
-        a sequence of qualified names (as in model.named_modules(); the model
-        itself by its class name) and module types.
+        its own (the layers); "leaves": those, every module without children
+        (activation functions, ...) and the model itself; "all": every module;
+        or a sequence of qualified names (as in model.named_modules(); the
+        model itself by its class name) and module types.
     every: count steps 0, N, 2N, ... only.
     optimizer: hook this optimizer only (default: any optimizer stepping the
         model's parameters).
@@ -145,9 +146,9 @@ class Watcher:
             def wanted(mod) -> bool:
                 if wrapper and mod is root:
                     return False
-                if spec == "all" or mod is core or any(True for _ in mod.parameters(recurse=False)):
+                if spec == "all" or any(True for _ in mod.parameters(recurse=False)):
                     return True
-                return spec == "leaves" and not any(True for _ in mod.children())
+                return spec == "leaves" and (mod is core or not any(True for _ in mod.children()))
             chosen = {mod for _, mod in named if wanted(mod)}
         else:
             if isinstance(spec, (str, type)):
@@ -307,14 +308,15 @@ class Watcher:
             if not groups or not self._sampled:
                 return
             for name, params in groups:
+                weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
                 if "weight" in self.kinds:
-                    self._count(name, "weight", _flat(params))
+                    self._count(name, "weight", weights)
                 if "weight_grad" in self.kinds:
                     grads = [p.grad for p in params if p.grad is not None]
                     if grads:
                         self._count(name, "weight_grad", _flat(grads))
                 if "update" in self.kinds:
-                    self._snapshots[name] = _flat(params, copy=True)
+                    self._snapshots[name] = weights
         except Exception as err:
             self._fail(err)
 
@@ -388,13 +390,16 @@ class Watcher:
         u = update.detach().float().reshape(-1).view(torch.int32)
         w = before.detach().float().reshape(-1).view(torch.int32)
         key = ((w >> 15) & 0xFF00).add_((u >> 23) & 0xFF)
-        joint = self._counter._bincount(key, 65536)
-        lost = self._lost_matrix(joint.device).mv(joint.double()).round_().to(torch.int64)
+        joint = self._counter._bincount(key, 65536).view(256, 256)
+        # lost_f = sum over weight fields g of #{1 <= t <= last_f[g]}: a cumulative sum along t, then a gather
+        cumulative = joint.cumsum(dim=1)
+        lost = cumulative.gather(1, self._lost_columns(joint.device)).sum(dim=0) - cumulative[:, 0].sum()
         tiny = update_counts[1] + update_counts[513]  # sign 0/1, exponent field 0, mantissa nonzero
         return lost + tiny
 
-    def _lost_matrix(self, device):
-        """(formats, 65536) float64: 1 where (weight field, update field) loses the update in that format."""
+    def _lost_columns(self, device):
+        """(256, formats) int64: for weight field g, the largest update field t lost in each format
+        (0 when none: field 0, zero and subnormal updates, is taken apart)."""
         key = str(device)
         cached = self._lost_matrices.get(key)
         if cached is None:
@@ -402,12 +407,11 @@ class Watcher:
             import torch
 
             g = np.arange(256)[:, None]
-            t = np.arange(256)[None, :]
-            rows = []
-            for a, b in self._lost_thresholds:
-                lost = (t >= 1) & (t <= 254) & (g <= 254) & (t <= np.maximum(g, a) - b)
-                rows.append(lost.reshape(-1).astype(np.float64))
-            cached = torch.from_numpy(np.stack(rows)).to(device)
+            a = np.array([a for a, _ in self._lost_thresholds])[None, :]
+            b = np.array([b for _, b in self._lost_thresholds])[None, :]
+            last = np.clip(np.maximum(g, a) - b, 0, 254)        # fields 255 (Inf/NaN) are never lost
+            last = np.where(g == 255, 0, last)                    # nor anything next to a non-finite weight
+            cached = torch.from_numpy(last.astype(np.int64)).to(device)
             self._lost_matrices[key] = cached
         return cached
 

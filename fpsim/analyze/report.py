@@ -36,7 +36,7 @@ class Report:
     layers: list
     verdicts: dict        # layer name -> {format name -> Verdict}
     loss_scale: dict      # format name -> LossScale
-    gradscaler: dict      # format name -> GradScalerPrediction (loss-scaled formats with gradient data)
+    gradscaler: dict      # format name -> GradScalerPrediction (loss-scaled formats narrower than FP32: fp16)
     fp8: dict             # tensor kind -> {"choice", "lost"}
     rank: int = 0
 
@@ -120,15 +120,26 @@ class Report:
         }
 
     def summary(self) -> dict:
-        """Counts of verdicts per format and the layers that must stay in higher precision."""
+        """Per format: counts of verdicts, the layers to keep in higher precision or to scale, and the
+        share of all nonzero updates that weights stored in the format would lose (None without updates)."""
         out = {}
+        lost = self.lost_updates()
         for lim in self.limits:
             by = {"ok": [], "loss_scale": [], "fp32": []}
             for layer in self.layers:
                 by[self.verdicts[layer.name][lim.name].verdict].append(layer.name)
             out[lim.name] = {"ok": len(by["ok"]), "loss_scale": len(by["loss_scale"]), "fp32": len(by["fp32"]),
-                             "fp32_layers": by["fp32"], "loss_scale_layers": by["loss_scale"]}
+                             "fp32_layers": by["fp32"], "loss_scale_layers": by["loss_scale"],
+                             "lost_updates": lost.get(lim.name)}
         return out
+
+    def lost_updates(self) -> dict:
+        """{format: share of all nonzero updates lost if the weights were stored in it}, pooled over layers."""
+        updates = [layer.tensors["update"] for layer in self.layers if "update" in layer.tensors]
+        total = sum(t.nonzero for t in updates)
+        if not total:
+            return {}
+        return {lim.name: sum(t.lost_updates.get(lim.name, 0) for t in updates) / total for lim in self.limits}
 
     def to_json(self) -> str:
         return json.dumps(_jsonable(self.to_dict()), indent=1, allow_nan=False)
@@ -249,7 +260,7 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
             verdict = (per_tensor_verdict(layer, lim, settings) if lim.per_tensor_scaled
                        else loss_scaled_verdict(layer, lim, choice, settings))
             verdicts[layer.name][lim.name] = verdict
-        if not lim.per_tensor_scaled:
+        if not lim.per_tensor_scaled and lim.emax < 127:  # GradScaler is for formats narrower than FP32
             prediction = simulate_gradscaler(snapshot.step_amax, snapshot.steps_per_entry, run.get("steps", 0), lim)
             if prediction is not None:
                 gradscaler[lim.name] = prediction

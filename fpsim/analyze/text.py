@@ -64,6 +64,10 @@ def summary_table(report, max_name: int = 32) -> str:
             parts.append(f"  {kind:<16} {entry['choice'] or 'neither (keep bf16/fp32)':<12} lost: {lost}")
         lines.append("FP8 with per-tensor scaling, per tensor kind (format chosen, values lost to underflow):")
         lines.extend(parts)
+    lost = report.lost_updates()
+    if lost:
+        lines.append("updates lost if the weights themselves were stored in the format (keep FP32 master weights "
+                     "where this is large): " + ", ".join(f"{f} {v * 100:.3g}%" for f, v in lost.items()))
     run = report.run
     status = run.get("status", "")
     tail = f"{run.get('steps', 0)} steps ({run.get('steps_observed', 0)} observed, every {run.get('every', 1)})"

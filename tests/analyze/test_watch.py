@@ -134,7 +134,7 @@ def test_a_failing_hook_warns_once_detaches_and_training_goes_on(data):
     model = FragileOutput()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with watch(model) as w:
+        with watch(model, modules="leaves") as w:        # "leaves" records the model's own output too
             train(model, data, 5, batch=64)
     ours = [c for c in caught if "fpsim.watch" in str(c.message)]
     assert len(ours) == 1 and "aminmax" in str(ours[0].message)
@@ -187,3 +187,49 @@ def test_custom_format_and_public_names():
     report = w.report()
     assert report.formats == ["fp16", custom.name]
     assert set(report.verdicts["head"]) == {"fp16", custom.name}
+
+
+def test_lost_updates_match_an_independent_count(data):
+    """An update is lost in format f when |u| < ulp_f(w) / 2, ulp_f(w) = 2^(max(floor(log2|w|), emin) - m)."""
+    model = small_model()
+    layer = model.body[0]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    pairs = []
+    before = {}
+
+    def pre(o, a, k):
+        before["w"] = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach().reshape(-1)]).clone()
+
+    def post(o, a, k):
+        now = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach().reshape(-1)])
+        pairs.append((before["w"], now - before["w"]))
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(post)
+    formats = ("fp16", "bf16", "e4m3", "e5m2")
+    with watch(model, formats=formats, kinds=("update",)) as w:
+        for step in range(4):
+            i = torch.arange(step * 64, step * 64 + 64)
+            loss = nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]), data["label"][i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    stats = w.report().layer("body.0").tensors["update"]
+    weights = np.concatenate([p[0].numpy() for p in pairs]).astype(np.float64)
+    updates = np.concatenate([p[1].numpy() for p in pairs]).astype(np.float64)
+    nonzero = updates != 0
+    for name in formats:
+        fmt = fpsim.format(name)
+        _, e = np.frexp(np.abs(weights))
+        binade = np.where(weights == 0, fmt.emin, e - 1)
+        ulp = np.ldexp(1.0, np.maximum(binade, fmt.emin) - fmt.man_bits)
+        expected = int((nonzero & (np.abs(updates) < ulp / 2)).sum())
+        assert stats.lost_updates[name] == expected, name
+        # and it means what it says: w + u, rounded to the format, gives w back (ties apart)
+        w_f = np.asarray(fpsim.quantize(weights, name), dtype=np.float64)
+        same = np.asarray(fpsim.quantize(w_f + updates, name), dtype=np.float64) == w_f
+        lost = nonzero & (np.abs(updates) < ulp / 2)
+        agree = (same[nonzero] == lost[nonzero]).mean()
+        assert agree > 0.97, (name, agree)
+    assert stats.lost_update_fraction(fpsim.analyze.FormatLimits.of("bf16")) > \
+        stats.lost_update_fraction(fpsim.analyze.FormatLimits.of("fp16"))
