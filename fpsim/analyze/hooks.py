@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 
 from .histogram import Log2Counter
 from .limits import resolve_formats
@@ -41,7 +42,7 @@ class StopRun(BaseException):
 
 
 def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
-    """Observe `model` (any torch.nn.Module) while it trains; use as a context manager.
+    """Observe `model` (any torch.nn.Module; None: every module that runs) while it trains, as a context manager.
 
         with fpsim.watch(model, formats=("fp16", "bf16", "e4m3", "e5m2")) as w:
             ...                      # the training loop, unchanged
@@ -60,6 +61,8 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
         model's parameters).
     underflow_threshold: the largest tolerated fraction of nonzero values
         flushed to zero (default 1e-3), for the verdicts.
+    fp8_margin: binades of headroom below max for the per-tensor (FP8) scales.
+    scale_range: (lo, hi), the log2 loss scales searched (default (-32, 64)).
     out: a directory; when given, the report is written there when the block
         ends, also when the run raises or is interrupted.
     on_step: called with the step number after each step (progress displays).
@@ -105,7 +108,7 @@ class Watcher:
         self._types: dict = {}         # record name -> module class name
         self._param_owner: dict = {}   # parameter -> record name
         self._roots: dict = {}         # label -> root module (global mode)
-        self._optimizer_params: dict = {}
+        self._optimizer_params = weakref.WeakKeyDictionary()  # optimizer -> its parameters by module
         self._snapshots: dict = {}
         self._handles: list = []
         self._optimizer_handles: list = []
@@ -153,6 +156,9 @@ class Watcher:
         else:
             if isinstance(spec, (str, type)):
                 spec = [spec]
+            if not isinstance(spec, (list, tuple, set, frozenset)):
+                raise TypeError(f"modules must be one of {', '.join(MODULE_PRESETS)}, a module name or type, or a "
+                                f"sequence of them; got {type(spec).__name__} {spec!r}")
             names = [s for s in spec if isinstance(s, str)]
             types = [s for s in spec if isinstance(s, type)]
             bad = [s for s in spec if not isinstance(s, (str, type))]
@@ -419,7 +425,7 @@ class Watcher:
         """[(record name, [parameters])] for the optimizer's parameters that belong to recorded modules."""
         groups = optimizer.param_groups
         size = sum(len(g["params"]) for g in groups)
-        cached = self._optimizer_params.get(id(optimizer))
+        cached = self._optimizer_params.get(optimizer)
         if cached is None or cached[0] != size or cached[1] != len(self._param_owner):
             by_module: dict = {}
             for g in groups:
@@ -428,7 +434,7 @@ class Watcher:
                     if owner is not None:
                         by_module.setdefault(owner, []).append(p)
             cached = (size, len(self._param_owner), list(by_module.items()))
-            self._optimizer_params[id(optimizer)] = cached
+            self._optimizer_params[optimizer] = cached
         return cached[2]
 
     # ---------------------------------------------------------------- report

@@ -203,6 +203,7 @@ def atomic_write(path: str, data: bytes) -> str:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
         os.replace(tmp, path)
     except BaseException:
         try:

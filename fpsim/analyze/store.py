@@ -172,7 +172,10 @@ class Store:
         keys = sorted({tuple(k) for keys, _, _ in gathered for k in keys})
         stride = max(s for _, s, _ in gathered)
         rank = dist.get_rank()
-        device = torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+        if dist.get_backend() in ("gloo", "mpi"):
+            device = torch.device("cpu")
+        else:  # NCCL reduces CUDA tensors
+            device = self.device if self.device is not None else torch.device("cuda", torch.cuda.current_device())
         where = {tuple(k): i for i, k in enumerate(local.keys)}
         R, F = len(keys), self.n_formats
 

@@ -23,6 +23,9 @@ def _cut(text: str, width: int) -> str:
 def summary_table(report, max_name: int = 32) -> str:
     """Layers x formats verdicts, then each format's loss scale, the GradScaler replay and the FP8 recipe."""
     formats = report.formats
+    if not report.layers:
+        return ("nothing was observed: no watched module ran a forward pass with gradients enabled "
+                f"({report.run.get('steps', 0)} optimizer steps)")
     header = ["layer", "type", *formats, "worst grad underflow @1"]
     first_scaled = next((lim for lim in report.limits if not lim.per_tensor_scaled), None)
     rows = []
