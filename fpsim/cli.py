@@ -247,8 +247,13 @@ def cmd_analyze(args) -> int:
     from .analyze.runner import run_script
 
     script_args = list(args.script_args)
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
+    if "--" in script_args:  # fpsim's options may also sit between the script and `--`
+        cut = script_args.index("--")
+        options, script_args = script_args[:cut], script_args[cut + 1:]
+        if options:
+            parser = argparse.ArgumentParser(prog="fpsim analyze SCRIPT", add_help=False)
+            _add_analyzer_options(parser, with_modules=True)
+            parser.parse_args(options, namespace=args)
     progress = _Progress("analyze", args.steps)
     try:
         report, paths = run_script(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
@@ -274,13 +279,16 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-def _add_analyzer_options(p) -> None:
+def _add_analyzer_options(p, with_modules: bool = False) -> None:
     p.add_argument("--out", default="fpsim-report", metavar="DIR", help="report folder (default fpsim-report)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="stop after N optimizer steps (the demo: train N steps, default 400)")
     p.add_argument("--every", type=int, default=1, metavar="N", help="observe every N-th step (default 1)")
     p.add_argument("--formats", default="fp16,bf16,e4m3,e5m2", help="formats to judge, comma-separated")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the demo (default 1)")
+    if with_modules:
+        p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
+                       help="which modules to record (default params: modules holding parameters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,10 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="observe a training script: which layers need loss scaling or FP32 "
                                        "(fpsim analyze train.py -- ARGS)")
     p.add_argument("script", nargs="?", help="the training script, run as `python SCRIPT ARGS` would")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
-    _add_analyzer_options(p)
-    p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
-                   help="which modules to record (default params: modules holding parameters)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER,
+                   help="fpsim options, then -- and the script's arguments (without --, all go to the script)")
+    _add_analyzer_options(p, with_modules=True)
     p.add_argument("--demo", action="store_true", help="run the demo instead of a script (as fpsim demo)")
     p.set_defaults(func=cmd_analyze)
     return parser

@@ -504,15 +504,12 @@ def _flat(tensors, copy: bool = False):
 
 
 def _float_tensors(output, depth: int = 0):
-    """The floating-point tensors in a module output (tensor, tuple, list, dict, nested a few levels)."""
+    """The floating-point tensors in a module output (a tensor, or tuples, lists, dicts of them, a few deep)."""
     import torch
 
     if isinstance(output, torch.Tensor):
-        if output.is_floating_point() and not output.is_complex():
+        if output.is_floating_point():
             yield output
-    elif depth < 4:
-        if isinstance(output, dict):
-            output = output.values()
-        if isinstance(output, (tuple, list, type({}.values()))):
-            for item in output:
-                yield from _float_tensors(item, depth + 1)
+    elif depth < 4 and isinstance(output, (tuple, list, dict)):
+        for item in output.values() if isinstance(output, dict) else output:
+            yield from _float_tensors(item, depth + 1)

@@ -173,9 +173,9 @@ class Verdict:
 
     def to_dict(self) -> dict:
         out = {"verdict": self.verdict, "reason": self.reason}
-        if self.window is not None or self.tensor_scales is None:
+        if self.tensor_scales is None:      # a loss-scaled format: the layer's gradient window
             out["window_log2"] = None if self.window is None else list(self.window)
-        if self.tensor_scales is not None:
+        else:                               # a per-tensor-scaled format: each kind's scale
             out["tensor_scales_log2"] = dict(self.tensor_scales)
         return out
 

@@ -72,6 +72,16 @@ def test_analyze_runs_an_unmodified_script_and_stops_after_n_steps(script, tmp_p
     assert "step 4/4" in captured.err                          # the progress line
 
 
+def test_options_may_follow_the_script_before_the_double_dash(script, tmp_path):
+    out = tmp_path / "report"
+    record = tmp_path / "argv.json"
+    assert cli.main(["analyze", str(script), "--out", str(out), "--steps", "2", "--formats", "bf16", "--",
+                     "--record", str(record)]) == 0
+    assert json.loads(record.read_text())[1:] == ["--record", str(record)]
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["steps"] == 2 and [f["name"] for f in report["formats"]] == ["bf16"]
+
+
 def test_analyze_reports_a_failing_script(script, tmp_path, capsys):
     out = tmp_path / "report"
     code = cli.main(["analyze", "--out", str(out), "--formats", "fp16", str(script), "--",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fpsim
-from fpsim.analyze.histogram import E_LO, N_BINS, Log2Counter, Log2Histogram
+from fpsim.analyze.histogram import Log2Counter, Log2Histogram
 from fpsim.analyze.limits import FormatLimits
 
 from analyze_helpers import assert_same, numpy_count, observed
