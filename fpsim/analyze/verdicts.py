@@ -253,9 +253,9 @@ def loss_scaled_verdict(layer: Layer, lim, choice: LossScale, settings: Settings
             alone = [t for t in grads if t.window(lim, settings) is None]
             if alone:
                 t = alone[0]
-                problems.append(f"no loss scale in {_pow2(lo)}..{_pow2(hi)} keeps {_KIND_WORDS[t.kind]} "
-                                f"underflow <= {_pct(thr)} without overflow (they span {_span(t)} binades; "
-                                f"{lim.name} holds {lim.emax - lim.zero_exponent})")
+                problems.append(f"no loss scale in {_pow2(lo)}..{_pow2(hi)} keeps the underflow of its "
+                                f"{_KIND_WORDS[t.kind]} <= {_pct(thr)} without overflow (they span {_span(t)} "
+                                f"binades; {lim.name} holds {lim.emax - lim.zero_exponent})")
             else:
                 spans = ", ".join(f"{_KIND_WORDS[t.kind]} {_pow2(w[0])}..{_pow2(w[1])}"
                                   for t in grads for w in [t.window(lim, settings)])
@@ -321,7 +321,7 @@ def per_tensor_verdict(layer: Layer, lim, settings: Settings) -> Verdict:
             failures.append(f"{_pct(lost)} of nonzero {_KIND_WORDS[kind]} underflow even with the per-tensor "
                             f"scale {_pow2(s) if s is not None else '(none)'}")
         else:
-            notes.append(f"{_KIND_WORDS[kind]} x{_pow2(s)} lose {_pct(lost)}")
+            notes.append(f"{_KIND_WORDS[kind]} ×{_pow2(s)} lose {_pct(lost)}")
     if failures:
         return Verdict("fp32", "; ".join(failures), tensor_scales=scales)
     if not scales:
