@@ -86,18 +86,17 @@ class Log2Counter:
         """
         import torch
 
-        if x.dtype == torch.float64:
-            counts, size = self._bincount(self._index_f64(x).reshape(-1), 8192), 8192
-        else:
-            if x.dtype != torch.float32:
-                x = x.float()
-            flat = x.reshape(-1)
-            scratch = self._scratch(flat.numel()) if flat.device.type == "cpu" else None
-            counts, size = self._bincount(_index_f32(flat, scratch), RAW_SIZE), RAW_SIZE
-        if size == 8192:
+        flat = x.reshape(-1)
+        if flat.dtype == torch.float64:
+            counts = self._bincount(self._index_f64(flat), 8192)
             counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=counts.device).index_add_(
                 0, self._f64_map(counts.device), counts)
-        low, high = torch.aminmax(x.reshape(-1))
+        else:
+            if flat.dtype != torch.float32:
+                flat = flat.float()
+            scratch = self._scratch(flat.numel()) if flat.device.type == "cpu" else None
+            counts = self._bincount(_index_f32(flat, scratch), RAW_SIZE)
+        low, high = torch.aminmax(flat)
         return counts, low, high
 
     @staticmethod
