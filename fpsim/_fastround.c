@@ -190,19 +190,19 @@ static Py_ssize_t pass2(int mode, int out, const uint32_t *src, void *dst, Py_ss
             store(out, dst, i, s ? p->zero[1] : p->zero[0]);
             continue;
         }
-        if (s && !p->is_signed) {
-            store(out, dst, i, p->negative);
+        if (!p->subnormal_band) { /* flushing, or no subnormal grid: the numpy engine decides */
+            left++;
             continue;
         }
-        if (!p->subnormal_band) {
-            left++;
+        if (s && !p->is_signed) {
+            store(out, dst, i, p->negative);
             continue;
         }
         uint32_t field = a >> 23;
         uint32_t sig = (a & 0x7fffffu) | (field ? 0x800000u : 0u);
         int lsb_exp = (field ? (int)field : 1) - 150;
-        int d = quantum_exp - lsb_exp; /* >= 1: the input is below min normal */
-        if (d > 26) d = 26;            /* sig < 2^24 < half: only "nonzero" matters */
+        int all = quantum_exp - lsb_exp; /* >= 1: the input is below min normal */
+        int d = all > 26 ? 26 : all;     /* sig < 2^24 < half: only "nonzero" matters */
         uint32_t keep = sig >> d, rest = sig & ((1u << d) - 1u), half = 1u << (d - 1);
         uint32_t inexact = rest != 0, up = 0;
         switch (mode) {
@@ -212,8 +212,10 @@ static Py_ssize_t pass2(int mode, int out, const uint32_t *src, void *dst, Py_ss
         case UP: up = inexact && !s; break;
         case DOWN: up = inexact && s; break;
         case STOCHASTIC: {
-            uint32_t ls = p->rbits >= (uint32_t)d ? p->rbits - (uint32_t)d : 0u;
-            uint32_t rs = (uint32_t)d > p->rbits ? (uint32_t)d - p->rbits : 0u;
+            /* the fraction of the spacing uses the true bit count: far below, it is tiny */
+            uint32_t ls = p->rbits >= (uint32_t)all ? p->rbits - (uint32_t)all : 0u;
+            uint32_t rs = (uint32_t)all > p->rbits ? (uint32_t)all - p->rbits : 0u;
+            if (rs > 31u) rs = 31u;
             up = (((rest << ls) >> rs) + p->draws[i]) >> p->rbits;
             break;
         }
@@ -250,12 +252,13 @@ static inline uint32_t as_bits(float f) {
             uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
             uint32_t field = a >> 23;                                                   \
             uint32_t sig = (a & 0x7fffffu) | SEL(field != 0, 0x800000u, 0u);              \
-            int32_t d = quantum_exp - ((int32_t)SEL(field != 0, field, 1u) - 150);      \
-            d = d < 1 ? 1 : (d > 26 ? 26 : d);                                          \
+            int32_t all = quantum_exp - ((int32_t)SEL(field != 0, field, 1u) - 150);    \
+            int32_t d = all < 1 ? 1 : (all > 26 ? 26 : all);                            \
+            uint32_t dt = (uint32_t)(all < 1 ? 1 : (all > 60 ? 60 : all)); /* true count */ \
             uint32_t keep = sig >> d, rest = sig & ((1u << d) - 1u), half = 1u << (d - 1); \
             uint32_t inexact = rest != 0, neg = s >> 31;                                \
-            uint32_t sls = SEL(rbits >= (uint32_t)d, rbits - (uint32_t)d, 0u);              \
-            uint32_t srs = SEL((uint32_t)d > rbits, (uint32_t)d - rbits, 0u);              \
+            uint32_t sls = SEL(rbits >= dt, rbits - dt, 0u);                            \
+            uint32_t srs = SEL(dt > rbits, dt - rbits > 31u ? 31u : dt - rbits, 0u);     \
             uint32_t up = MODE == STOCHASTIC ? (((rest << sls) >> srs) + (MODE == STOCHASTIC ? draws[i] : 0u)) >> rbits \
                         : MODE == NEAREST_EVEN ? (rest > half) | ((rest == half) & keep) \
                         : MODE == NEAREST_AWAY ? rest >= half                           \

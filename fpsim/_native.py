@@ -25,9 +25,10 @@ _MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "up": 3, "down
 FLOAT32_RAND_BITS = 26  # exact stochastic rounding of float32 input: 23 + 3 bits, as the numpy engine
 _FLOAT32_MIN_NORMAL_BITS = 0x00800000
 # Inputs whose result depends only on sign, mode and options, in pairs (+, -):
-# overflow, Inf, NaN, zero; then a negative value (for unsigned formats).
-_EDGE_INPUTS = np.array([3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, -1.0],
-                        dtype=np.float32)
+# overflow, Inf, NaN, zero; then a negative value (for unsigned formats; negatives below min
+# normal, which flush_subnormal_inputs turns into -0, go to the numpy engine).
+_EDGE_INPUTS = np.array([3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0,
+                         -3.4028235e38], dtype=np.float32)  # (the last: never flushed as subnormal)
 
 
 def available() -> bool:
@@ -44,6 +45,7 @@ def covers(work, fmt: Format, rounding: str) -> bool:
         and fmt.man_bits <= 22
         and fmt.emax <= 127
         and fmt.emin - fmt.man_bits >= -149
+        and fmt.max >= 2 ** -126  # the kernel's normal band starts at float32's min normal
     )
 
 
@@ -120,4 +122,4 @@ def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flus
         redo = (magnitude < lo) & (magnitude != 0)
         subset_draws = np.asarray(draws).reshape(src.shape)[redo] if stochastic else None
         dst[redo] = _reference(fmt, options, codes)(src[redo], subset_draws)
-    return dst
+    return dst.reshape(np.shape(work))  # (ascontiguousarray makes 0-d arrays 1-d)

@@ -37,6 +37,8 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
     (ValueError), as it refuses negative values when it is unsigned.
     """
     fmt = get_format(fmt)
+    if not fmt.has_nan:
+        _refuse_unencodable(x, fmt, bool(options.get("flush_subnormal_inputs", False)))
     fast = _encode_native(x, fmt, rounding, saturate, seed, options)
     if fast is not None:
         return fast
@@ -51,6 +53,28 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
     return codes[()] if scalar else codes
 
 
+def _refuse_unencodable(x, fmt: Format, flush_inputs: bool) -> None:
+    """For a format without NaN: refuse, naming the element, inputs that have no code."""
+    values = x.detach().cpu().numpy() if _arrays.is_torch(x) else np.asarray(x)
+    if values.dtype.kind not in "fiu":
+        if values.dtype.kind in "bcOUS" or _arrays._numpy_format(values.dtype) is None:
+            return  # quantize() refuses these with its own error
+        values = values.astype(np.float32)
+    values = values.astype(np.float64) if values.dtype.kind == "f" and values.dtype.itemsize < 8 else values
+    checks = [(np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool),
+               f"{fmt.name} has no NaN; the input holds NaN")]
+    if not fmt.signed:
+        tiny = flush_inputs and fmt.zero
+        negative = (values < 0) & ~((np.abs(values) < float(fmt.min_normal)) if tiny else False)
+        checks.append((negative, f"{fmt.name} is unsigned; the input holds a negative value"))
+    if not fmt.zero:
+        checks.append((values == 0, f"{fmt.name} has no zero; the input holds 0"))
+    for bad, message in checks:
+        if np.any(bad):
+            where = tuple(int(i) for i in np.argwhere(bad)[0]) if np.ndim(bad) else ()
+            raise ValueError(f"{message} at index {where}")
+
+
 def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
     """Codes straight from the compiled kernel for float32/float16 numpy arrays, else None."""
     if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16):
@@ -62,8 +86,6 @@ def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
     check_rounding(rounding)
     if not _native.covers(work, fmt, rounding):
         return None
-    if not fmt.has_nan and (np.isnan(work).any() or (not fmt.signed and (work < 0).any())):
-        return None  # the numpy path raises the error that names the element
     rand_bits = options.get("rand_bits")
     draws = None
     if rounding == "stochastic":  # the same draws quantize() would take
@@ -194,9 +216,9 @@ def _check_codes(codes, fmt: Format):
         torch = _arrays._torch
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
-        ints, scalar = codes.to(torch.int64), False
-        if codes.dtype == torch.uint64:
-            raise TypeError("torch.uint64 codes are not supported; use int64 or a numpy array")
+        # uint64 (fp64 codes): the same bits as int64, which the unpacking reads
+        ints = codes.view(torch.int64) if codes.dtype == torch.uint64 else codes.to(torch.int64)
+        scalar = False
     else:
         scalar = np.ndim(codes) == 0
         arr = np.asarray(codes)

@@ -121,12 +121,12 @@ def round_value(
         v = Fraction(x)
         negative = v < 0
     v = abs(v)
+    if flush_subnormal_inputs and fmt.zero and v < fmt.min_normal:
+        v = Fraction(0)  # flushed first: a tiny negative input is -0, which any format with a zero takes
     if negative and not fmt.signed and (v != 0 or not fmt.zero):
         return NAN
     if v == 0 and not fmt.zero:
         return NAN
-    if flush_subnormal_inputs and v < fmt.min_normal:
-        v = Fraction(0)
     lo, hi = neighbours(fmt, v)
     if lo == hi:
         chosen = lo
@@ -183,12 +183,13 @@ def decode_code(code: int, fmt: "Format | str") -> float:
     exp = (code >> fmt.man_bits) & ((1 << fmt.exp_bits) - 1)
     negative = fmt.signed and bool(code >> (fmt.exp_bits + fmt.man_bits))
     top = (1 << fmt.exp_bits) - 1
+    signed_nan = -NAN if negative else NAN  # a NaN code's sign bit is its sign (the fnuz NaN is negative)
     if fmt.nan == "ieee" and exp == top:
-        return NAN if man else (-INF if negative else INF)
+        return signed_nan if man else (-INF if negative else INF)
     if fmt.nan == "fn" and exp == top and man == (1 << fmt.man_bits) - 1:
-        return NAN
+        return signed_nan
     if fmt.nan == "fnuz" and negative and exp == 0 and man == 0:
-        return NAN
+        return signed_nan
     if exp == 0 and fmt.zero:
         if not fmt.subnormals:
             man = 0  # exponent field 0 holds only zero when subnormals are off
@@ -199,7 +200,8 @@ def decode_code(code: int, fmt: "Format | str") -> float:
 
 
 def encode_value(value: float, fmt: "Format | str") -> int:
-    """The canonical bit pattern of a value of the format (NaN gets the format's canonical NaN)."""
+    """The canonical bit pattern of a value of the format (NaN: the format's canonical NaN,
+    with the value's sign where the format's NaN has one)."""
     fmt = get_format(fmt)
     sign_shift = fmt.exp_bits + fmt.man_bits
     if math.isnan(value):
@@ -208,9 +210,10 @@ def encode_value(value: float, fmt: "Format | str") -> int:
         top = (1 << fmt.exp_bits) - 1
         if fmt.nan == "fnuz":
             return 1 << sign_shift
+        sign = (1 << sign_shift) if fmt.signed and math.copysign(1.0, value) < 0 else 0
         if fmt.nan == "fn":
-            return (1 << sign_shift) - 1
-        return (top << fmt.man_bits) | (1 << (fmt.man_bits - 1))  # IEEE quiet NaN, positive
+            return sign | ((1 << sign_shift) - 1)
+        return sign | (top << fmt.man_bits) | (1 << (fmt.man_bits - 1))  # IEEE quiet NaN
     negative = math.copysign(1.0, value) < 0
     if negative and not fmt.signed:
         raise ValueError(f"{value!r} is negative; {fmt.name} is unsigned")

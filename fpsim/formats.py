@@ -45,6 +45,8 @@ class Format:
     name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.nan not in NAN_ENCODINGS:  # before anything reads it
+            raise ValueError(f"unknown NaN encoding {self.nan!r}; allowed: {', '.join(NAN_ENCODINGS)}")
         if self.bias is None:
             object.__setattr__(self, "bias", (1 << (self.exp_bits - 1)) - 1 if self.exp_bits > 0 else 0)
         if self.infinities is None:
@@ -65,8 +67,6 @@ class Format:
         for field in ("signed", "infinities", "subnormals", "zero"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"Format.{field} must be a bool, got {getattr(self, field)!r}")
-        if self.nan not in NAN_ENCODINGS:
-            raise ValueError(f"unknown NaN encoding {self.nan!r}; allowed: {', '.join(NAN_ENCODINGS)}")
         if not 1 <= self.exp_bits <= 11:
             fail(f"exp_bits={self.exp_bits} is outside 1..11 (values must fit binary64)")
         if not 0 <= self.man_bits <= 52:
@@ -90,9 +90,11 @@ class Format:
             fail("subnormals need at least one mantissa bit")
         if self.emax < self.emin:
             fail("it has no finite nonzero value")
-        if self.max > _FP64_MAX or self.min_subnormal < _FP64_MIN_SUBNORMAL:
-            fail(f"its range ({float(self.min_subnormal) if self.min_subnormal >= _FP64_MIN_SUBNORMAL else 0.0:g}"
-                 f" .. {float(self.max) if self.max <= _FP64_MAX else 'inf'}) does not fit binary64")
+        # every value must be exact in binary64: the top below its max, the finest spacing on its grid
+        if self.max > _FP64_MAX:
+            fail(f"its largest value is about 2^{self.emax + 1}, beyond binary64's 2^1024")
+        if self.emin - self.man_bits < -1074:
+            fail(f"its values are spaced down to 2^{self.emin - self.man_bits}, finer than binary64's 2^-1074")
 
     def _describe(self) -> str:
         return (f"Format(exp_bits={self.exp_bits}, man_bits={self.man_bits}, bias={self.bias}, "
@@ -100,9 +102,10 @@ class Format:
                 f"subnormals={self.subnormals}, zero={self.zero})")
 
     def _default_name(self) -> str:
-        tail = {"ieee": "", "fn": "fn", "fnuz": "fnuz", "none": "fn"}[self.nan]
+        tail = {"ieee": "", "fn": "fn", "fnuz": "fnuz", "none": "nonan"}[self.nan]
         unsigned = "" if self.signed else "u"
-        return f"e{self.exp_bits}m{self.man_bits}{tail}{unsigned}_b{self.bias}"
+        extras = ("" if self.subnormals else "_nosub") + ("" if self.zero else "_nozero")
+        return f"e{self.exp_bits}m{self.man_bits}{tail}{unsigned}_b{self.bias}{extras}"
 
     # ------------------------------------------------------------ structure
     @property
@@ -181,7 +184,7 @@ class Format:
 
     @property
     def binades(self) -> int:
-        """All binades with a nonzero finite value: log2(max / min_subnormal), rounded up."""
+        """All binades holding a nonzero finite value: normal plus subnormal binades."""
         return self.normal_binades + self.subnormal_binades
 
     @property

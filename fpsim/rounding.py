@@ -156,9 +156,13 @@ def _round_big_integers(array, result, big, fmt, options, ops):
     for index in np.ndindex(big.shape):
         if not big[index]:
             continue
-        rounded[index] = round_value(int(values[index]), fmt, options["rounding"], options["saturate"],
+        value = int(values[index])
+        rounded[index] = round_value(value, fmt, options["rounding"], options["saturate"],
                                      flush_subnormal_inputs=options["flush_inputs"],
                                      flush_subnormal_outputs=options["flush_outputs"])
+        if rounded[index] != rounded[index]:  # the engine's NaN sign convention (see _nan_like)
+            negative = (value < 0 or fmt.nan == "fnuz") and fmt.signed
+            rounded[index] = -np.nan if negative else np.nan
     if ops.torch:
         return _arrays._torch.from_numpy(rounded).to(result.device)
     return rounded
@@ -223,7 +227,7 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
     sig, lsb_exp, exponent = parts.sig, parts.lsb_exp, parts.exponent
 
     if flush_inputs and fmt.zero:
-        tiny = exponent < fmt.emin
+        tiny = (exponent < fmt.emin) & ~is_nan & ~is_inf
         sig = ops.where(tiny, 0, sig)
         is_zero = is_zero | tiny
 
@@ -232,7 +236,8 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         q = ops.clip(exponent, lo=fmt.emin) - M
     else:
         q = ops.where(exponent < fmt.emin, fmt.emin, exponent - M)
-    d = ops.clip(q - lsb_exp, lo=0, hi=P + 3)
+    drop_all = q - lsb_exp  # bits below the grid spacing (can exceed the significand)
+    d = ops.clip(drop_all, lo=0, hi=P + 3)
     keep = sig >> d
     dropped = sig - (keep << d)
     half = ops.shift_left(1, d) >> 1
@@ -251,7 +256,10 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
     else:  # stochastic: carry out of (dropped bits, truncated to r) + r random bits
         r = rand_bits if rand_bits is not None else P + 3
         draws = random_ints if random_ints is not None else ops.random_ints(tuple(w.shape), r, rng)
-        top = ops.where(d >= r, dropped >> ops.clip(d - r, lo=0), dropped << ops.clip(r - d, lo=0))
+        # the dropped bits as an r-bit fraction of the spacing: shift by the true count
+        # (a value far below the spacing has a tiny fraction, not the clipped one)
+        top = ops.where(drop_all >= r, dropped >> ops.clip(drop_all - r, lo=0, hi=62),
+                        dropped << ops.clip(r - drop_all, lo=0))
         up = (top + draws) >= (1 << r)
     if rounding == "odd":
         n = keep | inexact.to(keep.dtype) if ops.torch else keep | inexact
@@ -260,10 +268,9 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
     else:
         n = keep + (up.to(keep.dtype) if ops.torch else up)
 
-    # value = n * 2^q; overflow when it passes max = max_significand * 2^(emax - M)
-    q_top = fmt.emax - M
-    overflow = (q > q_top) | ((q == q_top) & (n > fmt.max_significand))
+    # value = n * 2^q, exact in the working dtype (or Inf beyond it); overflow is value > max
     magnitude = ops.to_float(n, w) * _pow2(q, w, ops, width)
+    overflow = magnitude > float(fmt.max)
 
     if not fmt.zero:
         magnitude = ops.where(n == 0, float(fmt.min_subnormal), magnitude)

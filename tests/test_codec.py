@@ -20,7 +20,7 @@ from fpsim import exact
 from fpsim.codec import code_dtype, decode, encode
 from fpsim.formats import Format, format as get_format
 
-from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, assert_same_codes,
+from foundation_helpers import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, assert_same_codes,
                       custom_formats, fmt_id, format_inputs, known_bug_inputs, oracle_decoded, random_inputs,
                       requires_torch, sweep_points, torch)
 
@@ -408,8 +408,6 @@ def test_scalar_codes_and_values():
     assert int(encode(np.float64(-2.0), "bf16")) == 0xC000
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: encode(np.float32 scalar or 0-d float32 array) returns shape (1,) "
-                                       "(the compiled path and quantize make 0-d float32 input 1-d)")
 @pytest.mark.parametrize("x", [np.float32(1.0), np.array(1.0, dtype=np.float32), np.float16(1.0)],
                          ids=["np.float32", "0-d float32", "np.float16"])
 def test_encode_float32_scalar_keeps_its_shape(x):
@@ -464,9 +462,6 @@ def test_torch_decode_accepts_the_code_dtype_encode_returns(name):
 
 
 @requires_torch
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="BUG: encode(torch float64 tensor, 'fp64') returns torch.uint64 codes, which decode "
-                          "refuses ('torch.uint64 codes are not supported'): the fp64 round trip fails on torch")
 def test_torch_fp64_round_trip():
     t = torch.tensor([1.5, -2.0, 0.0], dtype=torch.float64)
     assert_same_bits(decode(encode(t, "fp64"), "fp64"), t)

@@ -20,7 +20,7 @@ import pytest
 
 from fpsim.formats import ALIASES, PRESETS, Format, format as get_format
 
-from conftest import (CUSTOM_FORMATS, SMALL_PRESETS, fmt_id, oracle_decoded, oracle_finite_values, requires_torch,
+from foundation_helpers import (CUSTOM_FORMATS, SMALL_PRESETS, fmt_id, oracle_decoded, oracle_finite_values, requires_torch,
                       torch)
 
 F = Fraction
@@ -276,10 +276,6 @@ def test_impossible_formats_raise_value_error_saying_why(kwargs, why):
         Format(**kwargs)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="BUG: a format whose smallest value is beyond binary64's max (very negative bias) "
-                          "raises OverflowError while _validate formats its message (float(min_subnormal)), "
-                          "instead of the ValueError saying the range does not fit binary64")
 @pytest.mark.parametrize("kwargs", [dict(exp_bits=2, man_bits=3, bias=-1100, nan="none"),
                                     dict(exp_bits=11, man_bits=10, bias=-1100)], ids=["e2m3", "e11m10"])
 def test_range_far_beyond_fp64_raises_value_error(kwargs):
@@ -287,11 +283,6 @@ def test_range_far_beyond_fp64_raises_value_error(kwargs):
         Format(**kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Format validation checks min_subnormal >= 2^-1074 only; without "
-                                       "subnormals the lowest binade's spacing 2^(emin - man_bits) can be finer than "
-                                       "binary64's, "
-                                       "e.g. Format(11, 52, bias=1024, subnormals=False, nan='fn') has values spaced "
-                                       "2^-1075, which the oracle and decode cannot represent")
 @pytest.mark.parametrize("kwargs", [dict(exp_bits=11, man_bits=52, bias=1024, subnormals=False, nan="fn"),
                                     dict(exp_bits=11, man_bits=52, bias=1023, signed=False, subnormals=False,
                                          zero=False)], ids=["e11m52fn_b1024", "e11m52u_nozero"])
@@ -307,10 +298,6 @@ def test_unknown_nan_encoding_lists_allowed_with_explicit_name():
         assert allowed in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="BUG: Format(4, 3, nan='signalling') raises KeyError from _default_name "
-                          "(the default name is built before _validate runs) instead of the ValueError "
-                          "listing the NaN encodings")
 def test_unknown_nan_encoding_lists_allowed():
     with pytest.raises(ValueError) as info:
         Format(4, 3, nan="signalling")

@@ -38,7 +38,7 @@ from fpsim import exact
 from fpsim.formats import PRESETS, Format, format as get_format
 from fpsim.rounding import ROUNDING_MODES, quantize
 
-from conftest import (BYTE_PRESETS, CUSTOM_FORMATS, as_float64, assert_same_bits, custom_formats, expected_nan_sign,
+from foundation_helpers import (BYTE_PRESETS, CUSTOM_FORMATS, as_float64, assert_same_bits, custom_formats, expected_nan_sign,
                       fmt_id, format_inputs, known_bug_inputs, oracle, oracle_finite_values, preset_formats,
                       random_inputs, requires_torch, sweep_points, torch)
 
@@ -281,10 +281,6 @@ def test_every_mode_matches_oracle_custom_formats(data, fmt, dtype, options):
         _check_against_oracle(x, fmt, *options)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (oracle vs engine, one of them): with flush_subnormal_inputs=True a "
-                                       "negative input below min normal into an unsigned format with a zero: "
-                                       "the docs say it becomes -0 before rounding (so +0 for an unsigned format, "
-                                       "which the engine gives), exact.round_value returns NaN")
 @pytest.mark.parametrize("fmt", [CUSTOM_FORMATS["e4m3fn_unsigned"], CUSTOM_FORMATS["e4m3_unsigned_nonan"]],
                          ids=fmt_id)
 def test_flushed_negative_input_of_unsigned_format(fmt):
@@ -295,9 +291,6 @@ def test_flushed_negative_input_of_unsigned_format(fmt):
     assert_same_bits(got, np.array([ref]))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with flush_subnormal_inputs=True and emin > 0, Inf inputs (whose "
-                                       "placeholder exponent 0 is below emin) are marked as flushed zeros, so an "
-                                       "unsigned format turns -Inf into -Inf or -max (a negative result), not NaN")
 @pytest.mark.parametrize("fmt", [Format(2, 1, bias=-3, signed=False, nan="none", subnormals=False),
                                  Format(2, 1, bias=-3, signed=False, subnormals=False)], ids=fmt_id)
 def test_flush_keeps_negative_infinity_negative(fmt):
@@ -313,9 +306,6 @@ BUGGY_NO_SUBNORMAL_FORMATS = [Format(2, 3, nan="none", subnormals=False),
                               Format(3, 7, nan="fn", subnormals=False)]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: for formats without subnormals whose man_bits exceed emax - emin, "
-                                       "round_bits flags every input below min normal as overflow "
-                                       "(q = emin there, and q > emax - man_bits): 0.1 -> max instead of 0")
 @pytest.mark.parametrize("fmt", BUGGY_NO_SUBNORMAL_FORMATS, ids=fmt_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_tiny_inputs_of_formats_without_subnormals(fmt, dtype):
@@ -370,9 +360,6 @@ BELOW_ONE_FORMATS = [Format(4, 3, bias=20, nan="fn"), Format(3, 2, bias=8), Form
                      Format(1, 0, bias=2, nan="fnuz", subnormals=False)]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: for formats whose max is below 1 (emax < 0), a zero input is flagged "
-                                       "as overflow (decompose gives zeros exponent 0, which is above emax): "
-                                       "0.0 -> NaN / Inf / max instead of 0")
 @pytest.mark.parametrize("fmt", BELOW_ONE_FORMATS, ids=fmt_id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_zero_input_of_formats_below_one(fmt, dtype):
@@ -531,9 +518,6 @@ def test_integer_arrays_round_from_their_exact_value(dtype):
             _nan_sign_checked(got[small], x[small], get_format(fmt))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: integers beyond 2^53 are rounded by exact.round_value, whose NaN is "
-                                       "unsigned: a negative integer that overflows into a NaN format gives +NaN "
-                                       "(convention: signed formats keep the input's sign)")
 def test_big_negative_integer_overflow_nan_keeps_sign():
     x = np.array([-(2**53) - 1, -5000], dtype=np.int64)
     got = quantize(x, "e4m3")
@@ -640,8 +624,6 @@ def test_scalars_come_back_as_scalars():
         assert_same_bits(got, 1.25)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: float32/float16 numpy scalars and 0-d arrays come back with shape (1,) "
-                                       "from the compiled fast path (np.ascontiguousarray makes 0-d inputs 1-d)")
 @pytest.mark.parametrize("x", [np.float32(1.3), np.float16(1.3), np.array(1.3, dtype=np.float32)],
                          ids=["np.float32", "np.float16", "0-d float32 array"])
 def test_float32_scalars_keep_their_shape(x):
