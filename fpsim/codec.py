@@ -57,19 +57,23 @@ def _refuse_unencodable(x, fmt: Format, flush_inputs: bool) -> None:
     """For a format without NaN: refuse, naming the element, inputs that have no code."""
     values = x.detach().cpu().numpy() if _arrays.is_torch(x) else np.asarray(x)
     if values.dtype.kind not in "fiu":
-        if values.dtype.kind in "bcOUS" or _arrays._numpy_format(values.dtype) is None:
+        if _arrays._numpy_format(values.dtype) is None:
             return  # quantize() refuses these with its own error
-        values = values.astype(np.float32)
-    values = values.astype(np.float64) if values.dtype.kind == "f" and values.dtype.itemsize < 8 else values
-    checks = [(np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool),
-               f"{fmt.name} has no NaN; the input holds NaN")]
+        values = values.astype(np.float32)  # ml_dtypes input, exactly
+    checks = []
+    if values.dtype.kind == "f":
+        checks.append((np.isnan, f"{fmt.name} has no NaN; the input holds NaN"))
     if not fmt.signed:
-        tiny = flush_inputs and fmt.zero
-        negative = (values < 0) & ~((np.abs(values) < float(fmt.min_normal)) if tiny else False)
+        def negative(v):
+            below = v < 0
+            if flush_inputs and fmt.zero:  # flushed to -0 first, which an unsigned format takes as +0
+                below &= ~(np.abs(v) < float(fmt.min_normal))
+            return below
         checks.append((negative, f"{fmt.name} is unsigned; the input holds a negative value"))
     if not fmt.zero:
-        checks.append((values == 0, f"{fmt.name} has no zero; the input holds 0"))
-    for bad, message in checks:
+        checks.append((lambda v: v == 0, f"{fmt.name} has no zero; the input holds 0"))
+    for test, message in checks:
+        bad = test(values)
         if np.any(bad):
             where = tuple(int(i) for i in np.argwhere(bad)[0]) if np.ndim(bad) else ()
             raise ValueError(f"{message} at index {where}")
