@@ -7,6 +7,7 @@ The public API (see README.md and docs/):
     codes = fpsim.encode(x, "bf16"); values = fpsim.decode(codes, "bf16")
 """
 
+from . import testing  # assertion helpers; fpsim.strategies (hypothesis) is imported explicitly
 from .analyze.hooks import watch
 from .codec import decode, encode
 from .exact import ROUNDING_MODES
@@ -18,5 +19,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "TensorCore", "decode", "encode", "format", "quantize",
-    "watch", "__version__",
+    "testing", "watch", "__version__",
 ]
