@@ -3,8 +3,9 @@
  *
  * The numerics live in fpsim/rounding.py; this kernel repeats only the core
  * step, for speed, and takes every edge case as data computed by that engine:
- *   pass 0 (vectorised): the common case alone, normal-range inputs and
- *     signed zeros; when it meets anything else, pass 1 runs:
+ *   pass 0 (vectorised): the common case alone, finite inputs from the
+ *     format's min normal up (overflow included) and signed zeros; when it
+ *     meets anything else (Inf, NaN, ...), pass 1 runs:
  *   pass 1 (vectorised): finite normal float32 inputs are rounded by adding an
  *     increment to their bit pattern and clearing the dropped bits (exact for
  *     any binade where the format is normal); a result above the format's max
@@ -81,16 +82,19 @@ static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_
     } while (0)
 
 /* The common case alone: normal-range inputs and signed zeros; flags anything else. */
-#define PASS0(MODE, OUT_T, NORMAL_EXPR)                                                \
+#define PASS0(MODE, OUT_T, NORMAL_EXPR, OVER)                                          \
     do {                                                                               \
         OUT_T *restrict out_ = (OUT_T *)dst;                                           \
         for (Py_ssize_t i = 0; i < n; i++) {                                           \
             uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
             uint32_t r = round_magnitude(MODE, a, s, drop, MODE == STOCHASTIC ? draws[i] : 0u, \
                                          rbits, ls, rs);                               \
-            uint32_t ok = (((u & band_mask) - lo) <= span) | ((a == 0) & plain_zero);   \
-            out_[i] = (OUT_T)SEL(a == 0, SEL(neg_zero_code, s >> sign_shift, s), (NORMAL_EXPR)); \
-            flags |= SEL(ok, 0u, SEL(a < lo, 1u, 2u));                                   \
+            uint32_t ok = (((u & band_mask) - lo) <= (OVER ? finite_span : span))       \
+                          | ((a == 0) & plain_zero);                                    \
+            /* values: a zero rounds to itself, r | s is the signed zero already */      \
+            uint32_t res = neg_zero_code ? SEL(a == 0, s >> sign_shift, (NORMAL_EXPR)) : (NORMAL_EXPR); \
+            out_[i] = (OUT_T)(OVER ? SEL(r > hi, SEL(s >> 31, over1, over0), res) : res); \
+            flags |= (ok ^ 1u) << (a >= lo); /* 1: below min normal, 2: anything else */ \
         }                                                                              \
     } while (0)
 
@@ -106,22 +110,32 @@ static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_
 MULTIVERSION
 static uint32_t pass0(int mode, int out, const uint32_t *restrict src, void *restrict dst, Py_ssize_t n,
                       const params_t *p) {
-    const uint32_t lo = p->lo, span = p->hi - p->lo, drop = p->drop, rebias = p->rebias;
+    const uint32_t lo = p->lo, hi = p->hi, drop = p->drop, rebias = p->rebias;
+    /* formats whose max lies well inside float32's range take every finite input from min
+       normal up here (the overflow value past max); the others (bf16, tf32) only [lo, hi] */
+    const uint32_t span = p->hi - p->lo, finite_span = 0x7f7fffffu - p->lo;
+    const uint32_t over0 = p->over[0], over1 = p->over[1], with_over = p->hi < 0x7f000000u;
     const uint32_t sign_shift = p->sign_shift;
     /* unsigned formats compare the sign bit too, which puts negatives out of band */
     const uint32_t band_mask = p->is_signed ? 0x7fffffffu : 0xffffffffu;
     /* zeros come out as signed zeros (code: the sign bit alone) when the format has -0 */
     const uint32_t plain_zero = p->zero[0] == 0 && p->zero[1] == (out == OUT_F32 ? 0x80000000u : 1u << (31 - sign_shift));
-    const uint32_t neg_zero_code = out != OUT_F32;
+    const uint32_t neg_zero_code = out != OUT_F32; /* codes need the zero's own code */
     const uint32_t *restrict draws = p->draws, rbits = p->rbits;
     const uint32_t ls = rbits >= drop ? rbits - drop : 0u, rs = drop > rbits ? drop - rbits : 0u;
     uint32_t flags = 0; /* 1: inputs below min normal (pass 2); 2: anything else (pass 1) */
-#define DISPATCH_OUT0(MODE)                                                             \
+#define DISPATCH_OUT0_(MODE, OVER)                                                      \
     switch (out) {                                                                      \
-    case OUT_F32: PASS0(MODE, uint32_t, VALUE_EXPR); break;                             \
-    case OUT_U8: PASS0(MODE, uint8_t, CODE_EXPR); break;                                \
-    case OUT_U16: PASS0(MODE, uint16_t, CODE_EXPR); break;                              \
-    default: PASS0(MODE, uint32_t, CODE_EXPR); break;                                   \
+    case OUT_F32: PASS0(MODE, uint32_t, VALUE_EXPR, OVER); break;                       \
+    case OUT_U8: PASS0(MODE, uint8_t, CODE_EXPR, OVER); break;                          \
+    case OUT_U16: PASS0(MODE, uint16_t, CODE_EXPR, OVER); break;                        \
+    default: PASS0(MODE, uint32_t, CODE_EXPR, OVER); break;                             \
+    }
+#define DISPATCH_OUT0(MODE)                                                             \
+    if (with_over) {                                                                    \
+        DISPATCH_OUT0_(MODE, 1)                                                         \
+    } else {                                                                            \
+        DISPATCH_OUT0_(MODE, 0)                                                         \
     }
     switch (mode) {
     case NEAREST_EVEN: DISPATCH_OUT0(NEAREST_EVEN) break;

@@ -188,7 +188,8 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
     like = _empty_float(ints, width, ops)
     from .rounding import _pow2  # exact powers of two, subnormal ones included
 
-    magnitude = ops.to_float(n, like) * _pow2(q, like, ops, width)
+    with np.errstate(over="ignore"):  # the Inf/NaN codes' lanes overflow; they are replaced below
+        magnitude = ops.to_float(n, like) * _pow2(q, like, ops, width)
     inf = float("inf")
     if fmt.nan == "ieee":
         special = field == top
@@ -200,7 +201,9 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
         is_nan = negative & (field == 0) & (man == 0)
     else:
         is_nan = negative & False
-    values = ops.where(negative, -magnitude, magnitude)
+    # a zero keeps its sign only where the format has -0 (non-canonical zero codes)
+    keeps_sign = negative if fmt.has_negative_zero else negative & (magnitude != 0)
+    values = ops.where(keeps_sign, -magnitude, magnitude)
     P = _LAYOUT[width][0]
     quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
     nan_bits = ops.where(negative, -(1 << (width - 1)) | quiet, quiet)

@@ -196,7 +196,7 @@ def decode_code(code: int, fmt: "Format | str") -> float:
         magnitude = Fraction(man) * Fraction(2) ** (fmt.emin - fmt.man_bits)
     else:
         magnitude = Fraction((1 << fmt.man_bits) | man) * Fraction(2) ** (exp - fmt.bias - fmt.man_bits)
-    return _signed(fmt, magnitude, negative) if magnitude else (-0.0 if negative else 0.0)
+    return _signed(fmt, magnitude, negative)  # a zero keeps its sign only where the format has -0
 
 
 def encode_value(value: float, fmt: "Format | str") -> int:

@@ -63,15 +63,11 @@ def in_range(fmt, x) -> np.ndarray:
     return ok
 
 
-# ------------------------------------------------------------- known bugs
-# Inputs hit by known bugs, each pinned down by a strict xfail test at the end of this file, are
-# left out of the searches so that they keep exploring everything else. Remove each exclusion
-# with its bug.
-
-
+# ------------------------------------------------------ non-canonical codes
 def fnuz_negative_noncanonical_codes(fmt, c) -> np.ndarray:
-    """Codes with the sign bit and exponent field 0 of a fnuz format without subnormals: they decode to -0.0,
-    which the format does not have (test_noncanonical_negative_codes_of_fnuz_decode_to_a_value)."""
+    """Codes with the sign bit and exponent field 0 of a fnuz format without subnormals: non-canonical
+    spellings of +0 (the format has no -0), which re-encode to the zero code, not to themselves
+    (test_noncanonical_negative_codes_of_fnuz_decode_to_a_value checks what they decode to)."""
     if fmt.nan != "fnuz" or fmt.subnormals or fmt.man_bits == 0:
         return np.zeros(np.shape(c), dtype=bool)
     c = np.asarray(c, dtype=np.uint64)
@@ -311,12 +307,7 @@ def test_exact_fit_problems_reach_every_configuration(config):
     assert_bitwise_equal(tc.dot(a, b, c), float(total), tc.output)
 
 
-# ------------------------------------------------------ bugs found here
-@pytest.mark.xfail(strict=True, reason="BUG: in a fnuz format without subnormals, the non-canonical codes with the sign "
-                                       "bit set and exponent field 0 (0x81 of Format(4, 3, bias=8, nan='fnuz', "
-                                       "subnormals=False)) decode to -0.0, which is not a value of the format: fnuz "
-                                       "has no -0 (its -0 code is the NaN) and encode(-0.0) gives the +0 code. Both "
-                                       "fpsim.decode and exact.decode_code. Found by test_encode_inverts_decode.")
+# ------------------------------------------------ bugs found here (fixed)
 def test_noncanonical_negative_codes_of_fnuz_decode_to_a_value():
     fmt = fpsim.Format(4, 3, bias=8, nan="fnuz", subnormals=False)
     codes = np.array([0x81, 0x87], dtype=np.uint8)
@@ -324,11 +315,6 @@ def test_noncanonical_negative_codes_of_fnuz_decode_to_a_value():
     assert_bitwise_equal(decode(codes, fmt), np.zeros(2), fmt)  # the format's only zero, +0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode of bf16's Inf and NaN codes (0x7f80, 0xff80, 0x7fc0) multiplies "
-                                       "the significand by 2^128 in float32 before replacing the result, so it emits "
-                                       "'RuntimeWarning: overflow encountered in multiply' (codec._unpack), an error "
-                                       "under -W error or pytest's filterwarnings=error. Seen as warnings in "
-                                       "test_decode_inverts_encode.")
 def test_decode_of_bf16_special_codes_emits_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
