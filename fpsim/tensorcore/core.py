@@ -88,8 +88,8 @@ class TensorCore:
     def dot(self, a, b, c=None):
         """d[...] = sum_k a[..., k] * b[..., k] + c[...], computed as the tensor core does."""
         ops = _arrays.Ops(a)
-        a64 = self._checked(a, self.inputs, "a", ops)
-        b64 = self._checked(b, self.inputs_b, "b", ops)
+        a64 = self._flushed(self._checked(a, self.inputs, "a", ops), self.inputs, ops)
+        b64 = self._flushed(self._checked(b, self.inputs_b, "b", ops), self.inputs_b, ops)
         if tuple(a64.shape) != tuple(b64.shape):
             raise ValueError(f"a and b must have the same shape, got {tuple(a64.shape)} and {tuple(b64.shape)}")
         if a64.ndim == 0:
@@ -107,8 +107,8 @@ class TensorCore:
     def matmul(self, A, B, C=None):
         """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does."""
         ops = _arrays.Ops(A)
-        a64 = self._checked(A, self.inputs, "A", ops)
-        b64 = self._checked(B, self.inputs_b, "B", ops)
+        a64 = self._flushed(self._checked(A, self.inputs, "A", ops), self.inputs, ops)
+        b64 = self._flushed(self._checked(B, self.inputs_b, "B", ops), self.inputs_b, ops)
         if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
             raise ValueError(f"matmul needs A (M, K) and B (K, N), got {tuple(a64.shape)} and {tuple(b64.shape)}")
         M, K = a64.shape
@@ -160,6 +160,12 @@ class TensorCore:
 
     def _exponents(self, x, fmt: Format, ops):
         return alignment_exponents(x, fmt, ops)
+
+    def _flushed(self, x, fmt: Format, ops):
+        """Subnormal inputs as zeros, for a data path that does not take them."""
+        if self.params.subnormal_inputs:
+            return x
+        return ops.where(abs(x) < float(fmt.min_normal), x * 0, x)
 
     def _work(self, x, ops):
         """Inputs in the narrowest float whose products are exact: float32 for formats of

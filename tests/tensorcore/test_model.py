@@ -226,3 +226,17 @@ def test_validate_command_on_a_capture_written_from_the_model(tmp_path, capsys):
     assert main(["validate", str(path), "--show", "3"]) == 0
     out = capsys.readouterr().out
     assert "model_bf16" in out and "299/300 values bit-exact" in out and "row 7 [random]" in out
+
+
+def test_subnormal_switches():
+    """subnormal_inputs=False flushes subnormal a and b; subnormal_outputs=False flushes results."""
+    tiny = float(fpsim.format("fp16").min_subnormal)  # 2^-24
+    a = np.array([[tiny, 1.0, -1.0, 0.0]])
+    b = np.array([[1.0, 2.0**-14, 2.0**-14, 0.0]])
+    assert TensorCore("h100", "fp16", "fp32").dot(a, b)[0] == np.float32(tiny)
+    assert TensorCore("h100", "fp16", "fp32", subnormal_inputs=False).dot(a, b)[0] == 0
+    x = np.array([[2.0**-7, 0.0, 0.0, 0.0]])
+    y = np.array([[2.0**-10, 0.0, 0.0, 0.0]])  # 2^-17: a binary16 subnormal result
+    c = np.array([0.0])
+    assert TensorCore("h100", "fp16", "fp16").dot(x, y, c)[0] == np.float16(2.0**-17)
+    assert TensorCore("h100", "fp16", "fp16", subnormal_outputs=False).dot(x, y, c)[0] == 0
