@@ -14,8 +14,8 @@ import numpy as np
 
 from .formats import PRESETS, Format
 
-try:  # torch is a dependency, but the numpy path must not pay for importing it
-    import torch as _torch  # noqa: F401
+try:  # torch is a dependency; without it, fpsim still works on numpy arrays
+    import torch as _torch
 except ImportError:  # pragma: no cover - torch is installed with fpsim
     _torch = None
 
