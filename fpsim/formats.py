@@ -11,6 +11,7 @@ all stand on the same definitions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from fractions import Fraction
 
 NAN_ENCODINGS = ("ieee", "fn", "fnuz", "none")
@@ -118,7 +119,7 @@ class Format:
         """Significand bits, the implicit one included."""
         return self.man_bits + 1
 
-    @property
+    @functools.cached_property
     def max_exp_field(self) -> int:
         """Largest exponent field that encodes finite values."""
         top = (1 << self.exp_bits) - 1
@@ -128,22 +129,22 @@ class Format:
             return top - 1  # the all-ones code is the exponent field's only code
         return top
 
-    @property
+    @functools.cached_property
     def min_exp_field(self) -> int:
         """Smallest exponent field that encodes normal values."""
         return 1 if self.zero else 0
 
-    @property
+    @functools.cached_property
     def emax(self) -> int:
         """Unbiased exponent of the largest binade."""
         return self.max_exp_field - self.bias
 
-    @property
+    @functools.cached_property
     def emin(self) -> int:
         """Unbiased exponent of the smallest normal binade."""
         return self.min_exp_field - self.bias
 
-    @property
+    @functools.cached_property
     def max_significand(self) -> int:
         """Largest integral significand (with implicit bit) in the top binade."""
         full = (1 << (self.man_bits + 1)) - 1
@@ -152,22 +153,22 @@ class Format:
         return full
 
     # ---------------------------------------------------------------- values
-    @property
+    @functools.cached_property  # derived once: the format is frozen
     def max(self) -> Fraction:
         """Largest finite value."""
         return Fraction(self.max_significand) * _pow2(self.emax - self.man_bits)
 
-    @property
+    @functools.cached_property
     def min_normal(self) -> Fraction:
         """Smallest positive normal value."""
         return _pow2(self.emin)
 
-    @property
+    @functools.cached_property
     def min_subnormal(self) -> Fraction:
         """Smallest positive value (the min normal when there are no subnormals)."""
         return _pow2(self.emin - self.man_bits) if self.subnormals else self.min_normal
 
-    @property
+    @functools.cached_property
     def eps(self) -> Fraction:
         """Machine epsilon: the gap between 1 and the next larger value."""
         return _pow2(-self.man_bits)
@@ -198,6 +199,9 @@ class Format:
     # ------------------------------------------------------------- relations
     def contains(self, other: "Format") -> bool:
         """True when every finite value of `other` (signed zeros included) is a value of this format."""
+        return _contains(self, other)
+
+    def _contains(self, other: "Format") -> bool:
         if other.max > self.max or other.min_subnormal < self.min_subnormal:
             return False
         if (other.signed and not self.signed) or (other.zero and not self.zero):
@@ -225,6 +229,11 @@ class Format:
 
     def __str__(self) -> str:
         return self.name
+
+
+@functools.lru_cache(maxsize=1024)
+def _contains(outer: Format, inner: Format) -> bool:
+    return outer._contains(inner)
 
 
 _FP64_MAX = Fraction(2**1024 - 2**971)
