@@ -10,7 +10,7 @@ The public API (see README.md and docs/):
 from . import testing  # assertion helpers; fpsim.strategies (hypothesis) is imported explicitly
 from .analyze.hooks import watch
 from .codec import decode, encode
-from .exact import ROUNDING_MODES
+from .modes import ROUNDING_MODES
 from .formats import ALIASES, PRESETS, Format, format
 from .rounding import quantize
 from .tensorcore.core import TensorCore

@@ -15,13 +15,13 @@ import functools
 import numpy as np
 
 from .formats import Format
+from .modes import MODES
 
 try:
     from . import _fastround
 except ImportError:  # built without a compiler: the numpy engine does everything
     _fastround = None
 
-_MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "up": 3, "down": 4, "odd": 5, "stochastic": 6}
 FLOAT32_RAND_BITS = 26  # exact stochastic rounding of float32 input: 23 + 3 bits, as the numpy engine
 _FLOAT32_MIN_NORMAL_BITS = 0x00800000
 # Inputs whose result depends only on sign, mode and options, in pairs (+, -):
@@ -41,7 +41,7 @@ def covers(work, fmt: Format, rounding: str) -> bool:
         _fastround is not None
         and isinstance(work, np.ndarray)
         and work.dtype == np.float32
-        and rounding in _MODES
+        and rounding in MODES
         and fmt.man_bits <= 22
         and fmt.emax <= 127
         and fmt.emin - fmt.man_bits >= -149
@@ -111,7 +111,7 @@ def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flus
     hi = int(np.float32(float(fmt.max)).view(np.uint32))
     flush = flush_inputs or flush_outputs
     left = _fastround.round_f32(
-        src, dst.view(np.uint8), _MODES[rounding], out_dtype.itemsize if codes else 0, lo, hi,
+        src, dst.view(np.uint8), MODES[rounding].kernel_id, out_dtype.itemsize if codes else 0, lo, hi,
         23 - fmt.man_bits, ((127 - fmt.bias) << fmt.man_bits) & 0xFFFFFFFF, 31 - (fmt.exp_bits + fmt.man_bits),
         int(fmt.signed), int(fmt.subnormals and fmt.zero and not flush and fmt.emin >= -126), fmt.emin,
         fmt.man_bits, over, inf, nan, zero, answers[8], draw_buffer,

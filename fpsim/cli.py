@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import exact
+from . import exact, modes
 from .formats import ALIASES, PRESETS, Format, format as get_format
 
 
@@ -69,7 +69,7 @@ def _bits_string(code: int, fmt: Format) -> str:
 def cmd_cast(args) -> int:
     """Round typed values into formats and show the result, its bits and its neighbours."""
     formats = [get_format(name) for name in args.to.split(",")]
-    exact.check_rounding(args.rounding)
+    modes.check_rounding(args.rounding)
     for text in args.values:
         value = _parse_value(text)
         for fmt in formats:
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cast", help="round values into formats and show bits and neighbours")
     p.add_argument("values", nargs="+", help="numbers as typed: 0.1, -3e-5, 1/3, inf, nan")
     p.add_argument("--to", required=True, help="format name(s), comma-separated (e.g. e4m3,bf16)")
-    p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(exact.ROUNDING_MODES)}")
+    p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(modes.ROUNDING_MODES)}")
     p.add_argument("--saturate", action="store_true", help="clamp overflow to ±max")
     p.set_defaults(func=cmd_cast)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _native
-from .exact import check_rounding
+from .modes import check_rounding
 from .formats import PRESETS, Format, format as get_format
 from .rounding import _LAYOUT, decompose, quantize
 

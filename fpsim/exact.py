@@ -1,7 +1,9 @@
 """The exact oracle: slow, obviously correct rounding on Python fractions.
 
 This module is the reference the tests hold every fast path to. It stands on
-`formats.py` alone and never calls the engine it checks. Each function works
+`formats.py` alone (and the mode names of `modes.py`: what each mode does,
+overflow included, is decided here from the definitions) and never calls the
+engine it checks. Each function works
 on one scalar at a time, straight from the definitions:
 
 * the grid of a format near |x| has spacing 2^(max(E, emin) - man_bits),
@@ -21,18 +23,13 @@ import math
 from fractions import Fraction
 
 from .formats import Format, format as get_format
+from .modes import ROUNDING_MODES, check_rounding  # names only: no engine behind them
 
-ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic")
+__all__ = ["ROUNDING_MODES", "check_rounding", "round_value", "stochastic_neighbours", "decode_code",
+           "encode_value", "all_values", "neighbours", "quantum", "floor_log2"]
 
 NAN = float("nan")
 INF = float("inf")
-
-
-def check_rounding(rounding: str) -> str:
-    """Return `rounding` if it names a mode, else raise a ValueError listing the modes."""
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(f"unknown rounding mode {rounding!r}; allowed: {', '.join(ROUNDING_MODES)}")
-    return rounding
 
 
 def floor_log2(v: Fraction) -> int:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _arrays, _native
-from .exact import ROUNDING_MODES, check_rounding
+from .modes import ROUNDING_MODES, check_rounding, mode as get_mode
 from .formats import Format, format as get_format
 
 __all__ = ["quantize", "ROUNDING_MODES"]
@@ -300,16 +300,11 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
 
 
 def _overflow_goes_to_infinity(rounding, negative, ops, saturate):
-    """Whether an overflowing result becomes the special overflow value (else ±max)."""
-    if saturate:
-        return negative & False
-    if rounding in ("nearest_even", "nearest_away", "stochastic"):
-        return negative | True
-    if rounding == "up":
-        return ~negative
-    if rounding == "down":
-        return negative
-    return negative & False  # toward_zero, odd
+    """Whether an overflowing result becomes the special overflow value (else ±max), per element."""
+    positive_goes, negative_goes = (False, False) if saturate else get_mode(rounding).to_infinity
+    if positive_goes == negative_goes:
+        return negative | True if positive_goes else negative & False
+    return negative if negative_goes else ~negative
 
 
 def _pow2(q, like, ops, width):

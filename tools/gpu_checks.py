@@ -25,9 +25,10 @@ import torch
 
 import fpsim
 from fpsim.formats import PRESETS
+from fpsim.modes import DETERMINISTIC_MODES
 from fpsim.tensorcore.core import TensorCore
 
-MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
+MODES = DETERMINISTIC_MODES
 
 
 def inputs(rng) -> np.ndarray:

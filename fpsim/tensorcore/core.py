@@ -60,7 +60,7 @@ class TensorCore:
         self.params: BlockFMA = devices.parameters(device, self.inputs.name, self.output.name, path, **overrides)
         self.epilogue: Format | None = get_format(epilogue) if epilogue is not None else None
         if round_inputs is not None:
-            from ..exact import check_rounding
+            from ..modes import check_rounding
 
             check_rounding(round_inputs)
         self.round_inputs = round_inputs

@@ -31,12 +31,14 @@ import numpy as np
 
 from .. import exact
 from ..formats import Format, format as get_format
+from ..modes import DETERMINISTIC_MODES
 from . import devices, probes
 from .core import TensorCore
 
 FEATURES = ("window", "block_size", "rounding", "subnormal_inputs", "subnormal_outputs", "monotonic",
             "carry", "signed_zero")
-_MODES = ("toward_zero", "nearest_even", "nearest_away", "up", "down")
+# the modes a block sum could be rounded with (odd and stochastic are not seen in tensor cores)
+_MODES = tuple(m for m in DETERMINISTIC_MODES if m != "odd")
 
 
 def _exact(a_row, b_row, c) -> Fraction:
