@@ -8,7 +8,6 @@ The public API (see README.md and docs/):
 """
 
 from . import testing  # assertion helpers; fpsim.strategies (hypothesis) is imported explicitly
-from .analyze.hooks import watch
 from .codec import decode, encode
 from .modes import ROUNDING_MODES
 from .formats import ALIASES, PRESETS, Format, format
@@ -21,3 +20,22 @@ __all__ = [
     "ALIASES", "PRESETS", "ROUNDING_MODES", "Format", "TensorCore", "decode", "encode", "format", "quantize",
     "testing", "watch", "__version__",
 ]
+
+# Names whose modules need torch: imported on first use, so that `import fpsim` and the numpy
+# numerics never load torch.
+_LAZY = {"watch": "fpsim.analyze.hooks"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fpsim' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+

@@ -2,34 +2,54 @@
 
 The rounding engine is written once against the handful of operations below,
 so numpy arrays and torch tensors (on any device) run the same numerics.
-This module also decides which input types are accepted and which dtype a
-result comes back in.
+This module also decides which inputs are accepted, how they reach the engine
+(`accept`) and how a result goes back to the caller in the input's own kind,
+and which dtype a result comes back in.
+
+torch is never imported here unless the caller already has: a tensor can only
+exist once torch is loaded, so `is_torch` asks `sys.modules`.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .formats import PRESETS, Format
 
-try:  # torch is a dependency; without it, fpsim still works on numpy arrays
-    import torch as _torch
-except ImportError:  # pragma: no cover - torch is installed with fpsim
-    _torch = None
+ALLOWED_INPUTS = ("numpy float16/float32/float64 arrays and scalars (any byte order), ml_dtypes arrays "
+                  "(bfloat16, float8_*, float6_*, float4_*, int4, ...), integer arrays, Python numbers and "
+                  "lists of them, numpy masked arrays and matrices, torch floating-point or integer tensors, "
+                  "and arrays of other libraries that implement the array API (__array_namespace__, such as "
+                  "jax) or __dlpack__ / __array__")
 
-ALLOWED_INPUTS = ("numpy float16/float32/float64 arrays and scalars, ml_dtypes arrays "
-                  "(bfloat16, float8_*, float6_*, float4_*), integer arrays, Python numbers, "
-                  "torch floating-point or integer tensors")
+
+def __getattr__(name):
+    """`_arrays._torch`: the torch module, imported on first use."""
+    if name == "_torch":
+        import torch
+
+        return torch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_torch(x) -> bool:
-    return _torch is not None and isinstance(x, _torch.Tensor)
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_meta(x) -> bool:
+    """A torch tensor without data (shape and dtype only, as torch.compile traces with)."""
+    return is_torch(x) and x.device.type == "meta"
 
 
 def _numpy_format(dtype: np.dtype) -> Format | None:
     """The fpsim format whose values a numpy (or ml_dtypes) float dtype holds, if any."""
+    if dtype.kind not in "fV":
+        return None
     for fmt in PRESETS.values():
         native = fmt.ml_dtype
         if native is not None and np.dtype(native) == dtype:
@@ -47,8 +67,12 @@ def _torch_format(dtype) -> Format | None:
 def input_format(x) -> Format | None:
     """The format of a float input's dtype (None for integers); TypeError for anything else."""
     if is_torch(x):
-        if x.is_complex() or x.dtype == _torch.bool:
+        torch = sys.modules["torch"]
+        if x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"cannot round a torch tensor of dtype {x.dtype}; allowed: {ALLOWED_INPUTS}")
+        if x.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+            raise TypeError("a torch.float4_e2m1fn_x2 tensor holds two packed E2M1 codes per element; "
+                            "fpsim.decode(t, 'e2m1') unpacks them into values")
         if x.is_floating_point():
             fmt = _torch_format(x.dtype)
             if fmt is None:
@@ -56,7 +80,7 @@ def input_format(x) -> Format | None:
             return fmt
         return None
     dtype = x.dtype
-    if dtype.kind in "iu" or dtype == object:  # object arrays only come from huge Python ints
+    if dtype.kind in "iu" or dtype == object:  # object arrays hold Python numbers beyond int64
         return None
     fmt = _numpy_format(dtype)
     if fmt is None:
@@ -64,27 +88,123 @@ def input_format(x) -> Format | None:
     return fmt
 
 
-def as_array(x):
-    """Accept a numpy array, numpy scalar, Python number or torch tensor; return (array, was_scalar)."""
+class Accepted(NamedTuple):
+    """An input as the engine takes it, and how the engine's result goes back to the caller."""
+
+    array: object                    # numpy ndarray (native byte order) or torch tensor
+    give_back: Callable[[object], object]
+
+
+def _same(result):
+    return result
+
+
+def accept(x) -> Accepted:
+    """Turn any accepted input into a numpy array or torch tensor; TypeError for anything else.
+
+    Nothing is changed in place: byte-swapped, masked and foreign arrays are copied or viewed.
+    The result comes back as the input's kind: a scalar for a scalar, a masked array with the
+    same mask, a matrix, an array of the input's array-API library.
+    """
     if is_torch(x):
-        return x, False
-    if isinstance(x, bool) or isinstance(x, np.bool_):
+        return Accepted(x, _same)
+    if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a boolean {x!r}; allowed: {ALLOWED_INPUTS}")
     if isinstance(x, numbers.Integral):
-        return np.asarray(int(x), dtype=np.int64 if -2**63 <= int(x) < 2**63 else object), True
-    if isinstance(x, (float, np.generic)) and not isinstance(x, np.ndarray):
-        if isinstance(x, complex) or np.iscomplexobj(x):
-            raise TypeError(f"cannot round complex {x!r}; allowed: {ALLOWED_INPUTS}")
-        return np.asarray(x), True
+        value = int(x)
+        return Accepted(np.asarray(value, dtype=np.int64 if -2**63 <= value < 2**63 else object), _scalar)
+    if isinstance(x, (complex, np.complexfloating)):
+        raise TypeError(f"cannot round complex {x!r}; allowed: {ALLOWED_INPUTS}")
+    if isinstance(x, (float, np.generic)):
+        return Accepted(_plain(np.asarray(x)), _scalar)
     if isinstance(x, (list, tuple)):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"cannot round {type(x).__name__}; allowed: {ALLOWED_INPUTS}")
-    if x.dtype.kind == "b":
+        return Accepted(_plain(_from_sequence(x)), _same)
+    if isinstance(x, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(x).copy()
+        data = _plain(np.ma.getdata(x))
+        if mask.any():  # masked slots may hold anything (NaN where the format has none): round zeros
+            data = np.where(mask, np.zeros((), data.dtype), data)
+        return Accepted(data, lambda result: np.ma.MaskedArray(result, mask=mask))
+    if isinstance(x, np.matrix):
+        return Accepted(_plain(np.asarray(x)), np.asmatrix)
+    if isinstance(x, np.ndarray):
+        return Accepted(_plain(x.view(np.ndarray)), _same)
+    if hasattr(x, "__array_namespace__") or hasattr(x, "__dlpack__") or hasattr(x, "__array__"):
+        return _foreign(x)
+    raise TypeError(f"cannot round {type(x).__name__}; allowed: {ALLOWED_INPUTS}")
+
+
+def _scalar(result):
+    return result[()] if isinstance(result, np.ndarray) else result
+
+
+def _plain(array: np.ndarray) -> np.ndarray:
+    """A numpy array of a dtype the engine takes: native byte order, ml_dtypes integers widened."""
+    dtype = array.dtype
+    if dtype.kind == "b":
         raise TypeError(f"cannot round a boolean array; allowed: {ALLOWED_INPUTS}")
-    if x.dtype.kind not in "iuf" and _numpy_format(x.dtype) is None:
-        raise TypeError(f"cannot round an array of dtype {x.dtype}; allowed: {ALLOWED_INPUTS}")
-    return x, False
+    if dtype.kind == "c":
+        raise TypeError(f"cannot round a complex array (dtype {dtype}); allowed: {ALLOWED_INPUTS}")
+    if not dtype.isnative:
+        array = array.astype(dtype.newbyteorder("="))
+    if dtype.kind == "V":  # ml_dtypes' own types: floats are formats, int4/uint4/... are integers
+        if _numpy_format(array.dtype) is None:
+            name = array.dtype.name
+            if name.startswith(("int", "uint")):
+                return array.astype(np.uint8 if name.startswith("u") else np.int8)
+            raise TypeError(f"cannot round an array of dtype {array.dtype}; allowed: {ALLOWED_INPUTS}")
+    elif dtype.kind not in "iufO":
+        raise TypeError(f"cannot round an array of dtype {array.dtype}; allowed: {ALLOWED_INPUTS}")
+    if dtype == object:
+        _check_objects(array)
+    return array
+
+
+def _from_sequence(values) -> np.ndarray:
+    """A list or tuple as an array; Python ints beyond int64 keep their exact value (object array)."""
+    try:
+        array = np.asarray(values)
+    except OverflowError:
+        array = np.asarray(values, dtype=object)
+    if array.dtype.kind == "f" and _has_big_int(values):  # [0.5, 2**60 + 1] would be rounded to float64
+        array = np.asarray(values, dtype=object)
+    return array
+
+
+def _has_big_int(values) -> bool:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            if _has_big_int(v):
+                return True
+        elif isinstance(v, numbers.Integral) and abs(int(v)) > 2**53:
+            return True
+    return False
+
+
+def _check_objects(array: np.ndarray) -> None:
+    for v in array.ravel():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Integral, float, np.floating)):
+            raise TypeError(f"cannot round {type(v).__name__} {v!r} in an object array; allowed: "
+                            f"Python ints and floats")
+
+
+def _foreign(x) -> Accepted:
+    """An array of another library: rounded through numpy (or torch, for device memory), given back
+    through the library's array-API namespace where it has one, else as a numpy array."""
+    namespace = x.__array_namespace__() if hasattr(x, "__array_namespace__") else None
+    on_host = True
+    if hasattr(x, "__dlpack_device__"):
+        on_host = int(x.__dlpack_device__()[0]) == 1  # kDLCPU
+    if on_host:
+        array = _plain(np.asarray(x))
+        back = (lambda result: namespace.asarray(result)) if namespace is not None else _same
+        return Accepted(array, back)
+    import torch  # device memory: torch reads it in place through DLPack
+
+    array = torch.from_dlpack(x)
+    if namespace is None:
+        return Accepted(array, _same)
+    return Accepted(array, lambda result: namespace.from_dlpack(result))
 
 
 def result_format(in_fmt: Format | None, fmt: Format) -> Format:
@@ -103,20 +223,23 @@ class Ops:
     def __init__(self, like):
         self.torch = is_torch(like)
         self.device = like.device if self.torch else None
+        self._torch = sys.modules["torch"] if self.torch else None
 
     # bits <-> floats ---------------------------------------------------
     def float_bits(self, w):
         """Bits of a float32/float64 array as int64 (sign-extended for float32)."""
         if self.torch:
-            return w.view(_torch.int32).to(_torch.int64) if w.dtype == _torch.float32 else w.view(_torch.int64)
+            torch = self._torch
+            return w.view(torch.int32).to(torch.int64) if w.dtype == torch.float32 else w.view(torch.int64)
         return w.view(np.int32).astype(np.int64) if w.dtype == np.float32 else w.view(np.int64)
 
     def bits_float(self, bits, like):
         """Inverse of float_bits, into the dtype of `like`."""
         if self.torch:
-            if like.dtype == _torch.float32:
-                return bits.to(_torch.int32).view(_torch.float32)
-            return bits.view(_torch.float64)
+            torch = self._torch
+            if like.dtype == torch.float32:
+                return bits.to(torch.int32).view(torch.float32)
+            return bits.view(torch.float64)
         if like.dtype == np.float32:
             return bits.astype(np.int32).view(np.float32)
         return bits.view(np.float64)
@@ -124,7 +247,7 @@ class Ops:
     def floor_log2(self, w):
         """floor(log2|w|) as int64 for finite nonzero w (frexp is exact)."""
         if self.torch:
-            return _torch.frexp(w)[1].to(_torch.int64) - 1
+            return self._torch.frexp(w)[1].to(self._torch.int64) - 1
         return np.frexp(w)[1].astype(np.int64) - 1
 
     def to_float(self, n, like):
@@ -133,20 +256,21 @@ class Ops:
     def constant(self, value, like):
         """A 0-d array of like's dtype (keeps where() from promoting float32 to float64)."""
         if self.torch:
-            return _torch.tensor(value, dtype=like.dtype, device=self.device)
+            return self._torch.tensor(value, dtype=like.dtype, device=self.device)
         return np.asarray(value, dtype=like.dtype)
 
     # elementwise helpers -----------------------------------------------
     def where(self, cond, a, b):
         if self.torch:
-            if not isinstance(a, _torch.Tensor):
-                a = _torch.tensor(a, dtype=b.dtype if isinstance(b, _torch.Tensor) else None, device=self.device)
-            return _torch.where(cond, a, b)
+            torch = self._torch
+            if not isinstance(a, torch.Tensor):
+                a = torch.tensor(a, dtype=b.dtype if isinstance(b, torch.Tensor) else None, device=self.device)
+            return torch.where(cond, a, b)
         return np.where(cond, a, b)
 
     def clip(self, x, lo=None, hi=None):
         if self.torch:
-            return _torch.clamp(x, min=lo, max=hi)
+            return self._torch.clamp(x, min=lo, max=hi)
         if lo is not None:  # np.maximum/np.minimum: np.clip is several times slower
             x = np.maximum(x, lo)
         return x if hi is None else np.minimum(x, hi)
@@ -154,31 +278,33 @@ class Ops:
     def maximum(self, x, y):
         """Elementwise max of an array and an array or scalar."""
         if self.torch:
-            return _torch.clamp(x, min=y) if not isinstance(y, _torch.Tensor) else _torch.maximum(x, y)
+            torch = self._torch
+            return torch.clamp(x, min=y) if not isinstance(y, torch.Tensor) else torch.maximum(x, y)
         return np.maximum(x, y)
 
     def trunc(self, x):
-        return _torch.trunc(x) if self.torch else np.trunc(x)
+        return self._torch.trunc(x) if self.torch else np.trunc(x)
 
     def shift_left(self, one: int, shifts):
         if self.torch:
-            return _torch.bitwise_left_shift(_torch.full_like(shifts, one), shifts)
+            return self._torch.bitwise_left_shift(self._torch.full_like(shifts, one), shifts)
         return np.left_shift(np.int64(one), shifts)
 
     def random_ints(self, shape, bits: int, rng):
         """Uniform integers in [0, 2^bits) from an explicit generator (numpy: uint32 up to 32 bits)."""
         if self.torch:
-            return _torch.randint(0, 1 << bits, shape, generator=rng, device=self.device, dtype=_torch.int64)
+            torch = self._torch
+            return torch.randint(0, 1 << bits, shape, generator=rng, device=self.device, dtype=torch.int64)
         return rng.integers(0, 1 << bits, size=shape, dtype=np.uint32 if bits <= 32 else np.int64)
 
     def generator(self, seed, generator):
         """An explicit random generator for this backend (fresh entropy when neither is given)."""
         if self.torch:
             if generator is not None:
-                if not isinstance(generator, _torch.Generator):
+                if not isinstance(generator, self._torch.Generator):
                     raise TypeError(f"generator for a torch tensor must be a torch.Generator, got {generator!r}")
                 return generator
-            g = _torch.Generator(device=self.device)
+            g = self._torch.Generator(device=self.device)
             if seed is None:
                 g.seed()
             else:

@@ -35,6 +35,23 @@ def available() -> bool:
     return _fastround is not None
 
 
+NO_KERNEL_WARNING = (
+    "fpsim's compiled rounding kernel is not built (fpsim was installed without a C compiler), so "
+    "quantize() and encode() run on the numpy engine: the same bits, but about 100 to 350 times slower "
+    "on float32 input (measured in docs/speed.md). Install a C compiler and the Python headers (Debian: "
+    "apt install gcc python3-dev) and reinstall fpsim to build it.")
+_warned = []
+
+
+def warn_once_without_kernel() -> None:
+    """The one-time warning that the numpy engine runs where the kernel would."""
+    if _fastround is None and not _warned:
+        import warnings
+
+        _warned.append(True)
+        warnings.warn(NO_KERNEL_WARNING, RuntimeWarning, stacklevel=4)
+
+
 def covers(work, fmt: Format, rounding: str) -> bool:
     """Whether the kernel applies: float32 numpy input, a deterministic mode, a format within float32."""
     return (

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 from fractions import Fraction
 
@@ -40,15 +42,36 @@ def cmd_formats(args) -> int:
     return 0
 
 
+_DECIMAL = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$")
+# Every format's values lie within [2^-1074, 2^1024): a typed magnitude beyond these bounds rounds
+# as the bound does in every format and mode, and the bound keeps the exact arithmetic small.
+_HUGE, _TINY = Fraction(2) ** 1100, Fraction(1, 2**1200)
+
+
 def _parse_value(text: str):
-    """The exact value a user typed: a decimal or fraction string, or inf/nan."""
+    """The exact value a user typed (a decimal or fraction string, or inf/nan), and a note when a
+    magnitude beyond every format's range stands in for it (1e999999, 1e-30000000)."""
     lowered = text.strip().lower()
     if lowered in ("inf", "+inf", "infinity", "-inf", "-infinity", "nan", "-nan", "+nan"):
-        return float(lowered)
+        return float(lowered), None
     if lowered in ("-0", "-0.0"):
-        return -0.0
+        return -0.0, None
+    match = _DECIMAL.match(lowered)
+    if match:
+        digits = match.group(1).replace(".", "")
+        if digits.strip("0"):
+            exponent = int(match.group(2)[1:]) if match.group(2) else 0
+            point = match.group(1).find(".")
+            whole = len(match.group(1)) if point < 0 else point
+            first = len(digits) - len(digits.lstrip("0"))  # leading zeros of the digit string
+            log10 = exponent + whole - first  # 10^(log10 - 1) <= |value| < 10^log10
+            sign = -1 if lowered.startswith("-") else 1
+            if log10 > 340:
+                return sign * _HUGE, "beyond every format's range: rounded as 2^1100"
+            if log10 < -340:
+                return sign * _TINY, "below every format's smallest value: rounded as 2^-1200"
     try:
-        return Fraction(text.strip())
+        return Fraction(text.strip()), None
     except (ValueError, ZeroDivisionError):
         raise ValueError(f"cannot read {text!r} as a number (decimal like 0.1 or 1e-5, a fraction "
                          f"like 1/3, inf or nan)") from None
@@ -71,21 +94,24 @@ def cmd_cast(args) -> int:
     formats = [get_format(name) for name in args.to.split(",")]
     modes.check_rounding(args.rounding)
     for text in args.values:
-        value = _parse_value(text)
+        value, stand_in = _parse_value(text)
         for fmt in formats:
             result = exact.round_value(value, fmt, args.rounding, args.saturate,
                                        random_fraction=Fraction(1, 2) if args.rounding == "stochastic" else None)
-            print(f"input       {text}")
+            print(f"input       {text}" + (f" ({stand_in})" if stand_in else ""))
             print(f"format      {fmt.name} ({fmt.bits} bits: {int(fmt.signed)} sign, {fmt.exp_bits} exponent, "
                   f"{fmt.man_bits} mantissa, bias {fmt.bias})")
             print(f"rounding    {args.rounding}{', saturating' if args.saturate else ''}"
                   + (" (one draw, u = 1/2)" if args.rounding == "stochastic" else ""))
             print(f"result      {_fmt_number(result) if result == result else 'nan'}")
+            if result != result:  # the engine's NaN keeps the input's sign (where the format's NaN has one)
+                negative = value < 0 if isinstance(value, Fraction) else math.copysign(1.0, value) < 0
+                result = -math.nan if negative else math.nan
             try:
                 print(f"bits        {_bits_string(exact.encode_value(result, fmt), fmt)}")
             except ValueError as err:
                 print(f"bits        none: {err}")
-            if isinstance(value, Fraction) and value != 0:
+            if isinstance(value, Fraction) and value != 0 and not stand_in:
                 low, high = exact.neighbours(fmt, abs(value))
                 if value < 0:
                     low, high = -high, -low
@@ -303,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="format name(s), comma-separated (e.g. e4m3,bf16)")
     p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(modes.ROUNDING_MODES)}")
     p.add_argument("--saturate", action="store_true", help="clamp overflow to ±max")
+    # negative values as typed (-3e-5, -1/3, -inf) are values, not options (argparse knows only -3 and -.5)
+    p._negative_number_matcher = re.compile(r"^-(\d+\.?\d*(e[+-]?\d+)?|\.\d+(e[+-]?\d+)?|\d+/\d+|inf|infinity|nan|0)$",
+                                            re.IGNORECASE)
     p.set_defaults(func=cmd_cast)
 
     p = sub.add_parser("validate", help="compare real tensor-core outputs with the model, bit for bit")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _native
-from .modes import check_rounding
+from ._options import RoundingOptions, check_options, first_index, refuse_values_without_code
 from .formats import PRESETS, Format, format as get_format
-from .rounding import _LAYOUT, decompose, quantize
+from .rounding import _LAYOUT, decompose, round_array
 
 __all__ = ["encode", "decode", "code_dtype"]
 
@@ -30,89 +30,70 @@ def code_dtype(fmt: "str | Format", torch: bool = False):
 
 
 def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: bool = False,
-           seed: int | None = None, **options):
-    """Round `x` into `fmt` (as `quantize` does) and return the bit patterns.
+           seed: int | None = None, *, generator=None, rand_bits: int | None = None,
+           flush_subnormal_inputs: bool = False, flush_subnormal_outputs: bool = False):
+    """Round `x` into `fmt` (as `quantize` does, same options) and return the bit patterns.
 
     NaN becomes the format's canonical NaN; a format without NaN refuses it
-    (ValueError), as it refuses negative values when it is unsigned.
+    (ValueError), as it refuses negative values when it is unsigned. Codes
+    carry no gradient: a tensor that requires grad is read detached.
     """
     fmt = get_format(fmt)
-    if not fmt.has_nan:
-        _refuse_unencodable(x, fmt, bool(options.get("flush_subnormal_inputs", False)))
-    fast = _encode_native(x, fmt, rounding, saturate, seed, options)
+    options = check_options(rounding, saturate, seed, generator, rand_bits, flush_subnormal_inputs,
+                            flush_subnormal_outputs)
+    accepted = _arrays.accept(x)
+    array = accepted.array
+    if _arrays.is_torch(array):
+        array = array.detach()
+        if _arrays.is_meta(array):
+            return accepted.give_back(_arrays._torch.empty(array.shape, dtype=code_dtype(fmt, torch=True),
+                                                          device="meta"))
+    fast = _encode_native(array, fmt, options)
     if fast is not None:
-        return fast
-    values = quantize(x, fmt, rounding, saturate, seed, **options)
-    scalar = not (isinstance(values, np.ndarray) or _arrays.is_torch(values))
+        return accepted.give_back(fast)
+    values = round_array(array, fmt, options)
     ops = _arrays.Ops(values)
-    values = np.asarray(values) if scalar else values
     codes = _pack(_as_working(values, fmt, ops), fmt, ops)
     if ops.torch:
-        return codes.to(code_dtype(fmt, torch=True))
-    codes = codes.astype(code_dtype(fmt))
-    return codes[()] if scalar else codes
+        return accepted.give_back(codes.to(code_dtype(fmt, torch=True)))
+    return accepted.give_back(codes.astype(code_dtype(fmt)))
 
 
-def _refuse_unencodable(x, fmt: Format, flush_inputs: bool) -> None:
-    """For a format without NaN: refuse, naming the element, inputs that have no code."""
-    values = x.detach().cpu().numpy() if _arrays.is_torch(x) else np.asarray(x)
-    if values.dtype.kind not in "fiu":
-        if _arrays._numpy_format(values.dtype) is None:
-            return  # quantize() refuses these with its own error
-        values = values.astype(np.float32)  # ml_dtypes input, exactly
-    checks = []
-    if values.dtype.kind == "f":
-        checks.append((np.isnan, f"{fmt.name} has no NaN; the input holds NaN"))
-    if not fmt.signed:
-        def negative(v):
-            below = v < 0
-            if flush_inputs and fmt.zero:  # flushed to -0 first, which an unsigned format takes as +0
-                below &= ~(np.abs(v) < float(fmt.min_normal))
-            return below
-        checks.append((negative, f"{fmt.name} is unsigned; the input holds a negative value"))
-    if not fmt.zero:
-        checks.append((lambda v: v == 0, f"{fmt.name} has no zero; the input holds 0"))
-    for test, message in checks:
-        bad = test(values)
-        if np.any(bad):
-            where = tuple(int(i) for i in np.argwhere(bad)[0]) if np.ndim(bad) else ()
-            raise ValueError(f"{message} at index {where}")
-
-
-def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
+def _encode_native(array, fmt: Format, options: RoundingOptions):
     """Codes straight from the compiled kernel for float32/float16 numpy arrays, else None."""
-    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16):
+    if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16):
         return None
-    unknown = set(options) - {"flush_subnormal_inputs", "flush_subnormal_outputs", "generator", "rand_bits"}
-    if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    work = x.astype(np.float32, copy=False)
-    check_rounding(rounding)
-    if not _native.covers(work, fmt, rounding):
+    work = array.astype(np.float32, copy=False)
+    if not _native.covers(work, fmt, options.rounding):
         return None
-    rand_bits = options.get("rand_bits")
+    rand_bits = options.rand_bits
     draws = None
-    if rounding == "stochastic":  # the same draws quantize() would take
-        if rand_bits is not None and not 1 <= rand_bits <= _native.FLOAT32_RAND_BITS:
+    if options.rounding == "stochastic":  # the same draws quantize() would take
+        if rand_bits is not None and rand_bits > _native.FLOAT32_RAND_BITS:
             return None
         ops = _arrays.Ops(work)
-        rng = ops.generator(seed, options.get("generator"))
+        rng = ops.generator(options.seed, options.generator)
         draws = ops.random_ints(work.shape, rand_bits or _native.FLOAT32_RAND_BITS, rng)
-    elif seed is not None or options.get("generator") is not None or rand_bits is not None:
-        return None  # quantize() refuses these with a clear error
-    return _native.run(work, fmt, rounding=rounding, saturate=bool(saturate),
-                       flush_inputs=bool(options.get("flush_subnormal_inputs", False)),
-                       flush_outputs=bool(options.get("flush_subnormal_outputs", False)),
+    refuse_values_without_code(work, fmt, options.flush_inputs)
+    return _native.run(work, fmt, rounding=options.rounding, saturate=options.saturate,
+                       flush_inputs=options.flush_inputs, flush_outputs=options.flush_outputs,
                        codes=True, rand_bits=rand_bits, draws=draws)
 
 
 def decode(codes, fmt: "str | Format"):
-    """The values of bit patterns of `fmt`: float32 when the format fits it, else float64."""
+    """The values of bit patterns of `fmt`: float32 when the format fits it, else float64.
+
+    A torch.float4_e2m1fn_x2 tensor (two E2M1 codes per byte, the first in the low
+    nibble) decodes to twice as many values along its last dimension."""
     fmt = get_format(fmt)
-    ops, ints, scalar = _check_codes(codes, fmt)
+    accepted = _arrays.accept(codes)
     out_fmt = PRESETS["fp32"] if PRESETS["fp32"].contains(fmt) else PRESETS["fp64"]
-    values = _unpack(ints, fmt, ops, out_fmt)
-    return values[()] if scalar else values
+    if _arrays.is_meta(accepted.array):
+        return accepted.give_back(_arrays._torch.empty(accepted.array.shape, dtype=out_fmt.torch_dtype,
+                                                       device="meta"))
+    ints = _check_codes(accepted.array, fmt)
+    values = _unpack(ints, fmt, _arrays.Ops(ints), out_fmt)
+    return accepted.give_back(values)
 
 
 # ---------------------------------------------------------------- packing
@@ -132,10 +113,10 @@ def _pack(work, fmt: Format, ops):
     if p.is_nan.any():
         if not fmt.has_nan:
             raise ValueError(f"{fmt.name} has no NaN; the input holds NaN at index "
-                             f"{_first_index(p.is_nan, ops)}")
+                             f"{first_index(p.is_nan)}")
     if not fmt.signed and (p.negative & ~p.is_zero).any():
         raise ValueError(f"{fmt.name} is unsigned; the input holds a negative value at index "
-                         f"{_first_index(p.negative & ~p.is_zero, ops)}")
+                         f"{first_index(p.negative & ~p.is_zero)}")
     subnormal = p.exponent < fmt.emin
     q = ops.where(subnormal, fmt.emin - M, p.exponent - M)
     n = p.sig >> ops.clip(q - p.lsb_exp, lo=0)
@@ -218,35 +199,43 @@ def _empty_float(ints, width, ops):
 
 
 def _check_codes(codes, fmt: Format):
-    """int64 array of codes, refusing non-integers and codes outside the format."""
+    """The codes as int64, refusing non-integers and codes outside the format."""
     if _arrays.is_torch(codes):
         torch = _arrays._torch
+        if codes.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+            codes = _unpack_fp4_pairs(codes, fmt)
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
         # uint64 (fp64 codes): the same bits as int64, which the unpacking reads
         ints = codes.view(torch.int64) if codes.dtype == torch.uint64 else codes.to(torch.int64)
-        scalar = False
-    else:
-        scalar = np.ndim(codes) == 0
-        arr = np.asarray(codes)
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"codes must be integers, got dtype {arr.dtype}")
-        if arr.dtype == np.uint64 and fmt.bits == 64:
-            arr = arr.view(np.int64)
-        ints = arr.astype(np.int64)
-    ops = _arrays.Ops(ints)
-    if fmt.bits < 64:
-        outside = (ints < 0) | (ints >= (1 << fmt.bits))
-        if outside.any():
-            i = _first_index(outside, ops)
-            raise ValueError(f"code {int(ints[i])} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
-                             f"for {fmt.name} ({fmt.bits} bits)")
-    return ops, ints, scalar
+        if fmt.bits < 64:
+            _refuse_outside(ints, (ints < 0) | (ints >= (1 << fmt.bits)), fmt)
+        return ints
+    if codes.dtype == object:  # Python ints beyond int64
+        if not all(isinstance(v, int) for v in codes.ravel()):
+            raise TypeError("codes must be integers, got an object array of other values")
+        outside = np.array([not 0 <= v < (1 << fmt.bits) for v in codes.ravel()]).reshape(codes.shape)
+        _refuse_outside(codes, outside, fmt)
+        codes = codes.astype(np.uint64)
+    if codes.dtype.kind not in "iu":
+        raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
+    if fmt.bits < 64:  # checked in the codes' own dtype: a uint64 beyond 2^63 is no negative int64
+        _refuse_outside(codes, (codes >= (1 << fmt.bits)) | (codes < 0), fmt)
+    return codes.view(np.int64) if codes.dtype == np.uint64 else codes.astype(np.int64)
 
 
-def _first_index(mask, ops):
-    if ops.torch:
-        flat = mask.reshape(-1).nonzero()
-        idx = int(flat[0]) if len(flat) else 0
-        return tuple(int(i) for i in np.unravel_index(idx, tuple(mask.shape))) if mask.dim() else ()
-    return tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
+def _refuse_outside(codes, outside, fmt: Format) -> None:
+    if bool(outside.any()):
+        i = first_index(outside)
+        raise ValueError(f"code {int(codes[i])} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
+                         f"for {fmt.name} ({fmt.bits} bits)")
+
+
+def _unpack_fp4_pairs(packed, fmt: Format):
+    """The uint8 codes of a torch.float4_e2m1fn_x2 tensor: low nibble first, last dimension doubled."""
+    if fmt.bits != 4:
+        raise ValueError(f"a torch.float4_e2m1fn_x2 tensor holds 4-bit codes; {fmt.name} has {fmt.bits} bits")
+    torch = _arrays._torch
+    byte = packed.view(torch.uint8)
+    pairs = torch.stack([byte & 0xF, byte >> 4], dim=-1)
+    return pairs.reshape(*byte.shape[:-1], 2 * byte.shape[-1]) if byte.dim() else pairs

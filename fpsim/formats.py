@@ -46,7 +46,8 @@ class Format:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.nan not in NAN_ENCODINGS:  # before anything reads it
+        self._check_types()  # before anything computes with the fields
+        if self.nan not in NAN_ENCODINGS:
             raise ValueError(f"unknown NaN encoding {self.nan!r}; allowed: {', '.join(NAN_ENCODINGS)}")
         if self.bias is None:
             object.__setattr__(self, "bias", (1 << (self.exp_bits - 1)) - 1 if self.exp_bits > 0 else 0)
@@ -57,17 +58,28 @@ class Format:
         self._validate()
 
     # ---------------------------------------------------------------- checks
+    def _check_types(self) -> None:
+        for field in ("exp_bits", "man_bits", "bias"):
+            value = getattr(self, field)
+            if field == "bias" and value is None:
+                continue  # the default bias follows from exp_bits
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Format.{field} must be an int, got {type(value).__name__} {value!r}")
+        for field in ("signed", "infinities", "subnormals", "zero"):
+            value = getattr(self, field)
+            if field == "infinities" and value is None:
+                continue  # the default follows from the NaN encoding
+            if not isinstance(value, bool):
+                raise TypeError(f"Format.{field} must be a bool, got {type(value).__name__} {value!r}")
+        if not isinstance(self.nan, str):
+            raise TypeError(f"Format.nan must be one of {', '.join(NAN_ENCODINGS)}, got {self.nan!r}")
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError(f"Format.name must be a str or None, got {type(self.name).__name__} {self.name!r}")
+
     def _validate(self) -> None:
         def fail(why: str) -> None:
             raise ValueError(f"impossible format {self._describe()}: {why}")
 
-        for field in ("exp_bits", "man_bits", "bias"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Format.{field} must be an int, got {value!r}")
-        for field in ("signed", "infinities", "subnormals", "zero"):
-            if not isinstance(getattr(self, field), bool):
-                raise TypeError(f"Format.{field} must be a bool, got {getattr(self, field)!r}")
         if not 1 <= self.exp_bits <= 11:
             fail(f"exp_bits={self.exp_bits} is outside 1..11 (values must fit binary64)")
         if not 0 <= self.man_bits <= 52:
@@ -237,7 +249,6 @@ def _contains(outer: Format, inner: Format) -> bool:
 
 
 _FP64_MAX = Fraction(2**1024 - 2**971)
-_FP64_MIN_SUBNORMAL = Fraction(1, 2**1074)
 
 
 def _pow2(e: int) -> Fraction:
@@ -266,6 +277,11 @@ PRESETS: dict[str, Format] = {
         Format(2, 3, nan="none", name="e2m3"),
         Format(2, 1, nan="none", name="e2m1"),
         Format(8, 0, bias=127, signed=False, nan="fn", subnormals=False, zero=False, name="e8m0"),
+        # the other ml_dtypes float types
+        Format(3, 4, name="e3m4"),                                 # float8_e3m4: IEEE-like, bias 3
+        Format(4, 3, name="e4m3ieee"),                             # float8_e4m3: IEEE-like, Inf, max 240
+        Format(4, 3, bias=11, nan="fnuz", name="e4m3b11fnuz"),     # float8_e4m3b11fnuz (TPU)
+        Format(5, 3, signed=False, nan="fn", name="e5m3fnu"),      # float8_e5m3fnu: unsigned
     )
 }
 
@@ -282,15 +298,24 @@ ALIASES: dict[str, str] = {
     "float6_e2m3fn": "e2m3", "e2m3fn": "e2m3", "fp6_e2m3": "e2m3",
     "float4_e2m1fn": "e2m1", "e2m1fn": "e2m1", "fp4_e2m1": "e2m1", "fp4": "e2m1",
     "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0",
+    "float8_e3m4": "e3m4", "float8_e4m3": "e4m3ieee", "float8_e4m3b11fnuz": "e4m3b11fnuz",
+    "float8_e5m3fnu": "e5m3fnu",
+    "float4_e2m1fn_x2": "e2m1",  # torch's packed FP4: two E2M1 codes per byte
 }
 
 
-def format(name: "str | Format") -> Format:  # noqa: A001 - the public API name
-    """Look up a format by preset name or alias (case-insensitive); a Format passes through."""
+def format(name) -> Format:  # noqa: A001 - the public API name
+    """Look up a format by preset name or alias (case-insensitive), or by a numpy, ml_dtypes or
+    torch float dtype (``np.float16``, ``np.dtype(">f4")``, ``ml_dtypes.float8_e4m3fn``,
+    ``torch.bfloat16``); a Format passes through."""
     if isinstance(name, Format):
         return name
     if not isinstance(name, str):
-        raise TypeError(f"a format is a name or a fpsim.Format, got {type(name).__name__} {name!r}")
+        text = _dtype_name(name)
+        if text is None:
+            raise TypeError(f"a format is a name, a float dtype or a fpsim.Format, got {type(name).__name__} "
+                            f"{name!r}")
+        return format(text)
     key = name.strip().lower().replace("-", "_")
     key = key.removeprefix("torch.").removeprefix("ml_dtypes.").removeprefix("np.").removeprefix("numpy.")
     key = ALIASES.get(key, key)
@@ -298,6 +323,29 @@ def format(name: "str | Format") -> Format:  # noqa: A001 - the public API name
         return PRESETS[key]
     raise ValueError(f"unknown format {name!r}; allowed: {', '.join(PRESETS)} "
                      f"(aliases: {', '.join(sorted(ALIASES))})")
+
+
+def _dtype_name(dtype) -> str | None:
+    """The name of a torch dtype or of a numpy/ml_dtypes float dtype or scalar type, else None.
+
+    Neither library is imported here: a torch dtype is recognised by its type, and numpy is
+    asked only about objects that are numpy dtypes or numpy scalar types already."""
+    kind = type(dtype)
+    if kind.__module__ == "torch" and kind.__name__ == "dtype":
+        name = str(dtype).removeprefix("torch.")
+        if name in ("float32", "float64", "float16", "bfloat16") or name.startswith(("float8", "float4")):
+            return name
+        raise TypeError(f"{dtype} is not a floating-point format")
+    import numpy
+
+    if dtype is float:
+        return "float64"
+    if isinstance(dtype, numpy.dtype) or (isinstance(dtype, type) and issubclass(dtype, numpy.generic)):
+        resolved = numpy.dtype(dtype)
+        if resolved.kind == "f" or resolved.name.startswith(("bfloat16", "float8", "float6", "float4")):
+            return resolved.name
+        raise TypeError(f"{resolved.name} is not a floating-point format")
+    return None
 
 
 # -------------------------------------------------------------- native dtypes
@@ -309,6 +357,8 @@ _NATIVE_NAMES = {
     "e5m2fnuz": ("float8_e5m2fnuz", "float8_e5m2fnuz"),
     "e3m2": ("float6_e3m2fn", None), "e2m3": ("float6_e2m3fn", None),
     "e2m1": ("float4_e2m1fn", None), "e8m0": ("float8_e8m0fnu", "float8_e8m0fnu"),
+    "e3m4": ("float8_e3m4", None), "e4m3ieee": ("float8_e4m3", None),
+    "e4m3b11fnuz": ("float8_e4m3b11fnuz", None), "e5m3fnu": ("float8_e5m3fnu", None),
 }
 
 

@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _arrays, _native
-from .modes import ROUNDING_MODES, check_rounding, mode as get_mode
+from ._options import RoundingOptions, check_options, refuse_values_without_code
+from .modes import ROUNDING_MODES, mode as get_mode
 from .formats import Format, format as get_format
 
 __all__ = ["quantize", "ROUNDING_MODES"]
@@ -43,12 +44,16 @@ def quantize(
     rand_bits: int | None = None,
     flush_subnormal_inputs: bool = False,
     flush_subnormal_outputs: bool = False,
+    grad: str = "identity",
 ):
     """Round `x` to the nearest values of `fmt` under `rounding`; same array type and device back.
 
-    x: numpy array or scalar (float16/32/64, ml_dtypes types, integers), Python
-       number, or torch tensor. Floats are rounded once from their exact value.
-    fmt: a format name (``"e4m3"``, ``"bf16"``, ...) or a `fpsim.Format`.
+    x: numpy array or scalar (float16/32/64 in any byte order, ml_dtypes types,
+       integers), Python number or list, masked array, matrix, torch tensor, or
+       an array of another library (array API / DLPack, e.g. jax). Floats are
+       rounded once from their exact value.
+    fmt: a format name (``"e4m3"``, ``"bf16"``, ...), a float dtype
+       (``torch.bfloat16``, ``ml_dtypes.float8_e4m3fn``) or a `fpsim.Format`.
     rounding: one of ``nearest_even, nearest_away, toward_zero, up, down, odd,
        stochastic``.
     saturate: clamp overflow (and Inf) to ±max instead of the format's own
@@ -61,31 +66,40 @@ def quantize(
     flush_subnormal_inputs: inputs below the format's min normal become ±0
        before rounding. flush_subnormal_outputs: results below min normal
        become ±0.
+    grad: for a torch tensor that requires grad, what backward does:
+       ``"identity"`` (straight-through), ``"clipped"`` (zero where |x| > max),
+       ``"none"`` (a detached result).
 
     The result dtype is the input's when it holds every value of `fmt`
-    (float32 in, float32 out for FP8), else float32 or float64.
+    (float32 in, float32 out for FP8), else float32 or float64. Inputs that
+    have no value in `fmt` (NaN for a format without NaN, ...) are refused.
     """
     fmt = get_format(fmt)
-    check_rounding(rounding)
-    if rand_bits is not None:
-        if rounding != "stochastic":
-            raise ValueError(f"rand_bits applies to rounding='stochastic' only, not {rounding!r}")
-        if isinstance(rand_bits, bool) or not isinstance(rand_bits, int) or not 1 <= rand_bits <= 52:
-            raise ValueError(f"rand_bits must be an int in 1..52 or None, got {rand_bits!r}")
-    if generator is not None and seed is not None:
-        raise ValueError("give either seed or generator, not both")
-    for flag_name, flag in (("saturate", saturate), ("flush_subnormal_inputs", flush_subnormal_inputs),
-                            ("flush_subnormal_outputs", flush_subnormal_outputs)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{flag_name} must be a bool, got {flag!r}")
+    options = check_options(rounding, saturate, seed, generator, rand_bits, flush_subnormal_inputs,
+                            flush_subnormal_outputs, grad)
+    accepted = _arrays.accept(x)
+    array = accepted.array
+    if _arrays.is_torch(array) and array.requires_grad:
+        rounded = round_array(array.detach(), fmt, options)
+        if options.grad != "none" and _arrays._torch.is_grad_enabled():
+            from ._autograd import straight_through
 
-    array, scalar = _arrays.as_array(x)
+            rounded = straight_through(array, rounded, fmt, options.grad)
+        return accepted.give_back(rounded)
+    return accepted.give_back(round_array(array, fmt, options))
+
+
+def round_array(array, fmt: Format, options: RoundingOptions):
+    """The engine on an accepted numpy array or torch tensor (see `_arrays.accept`): rounded values
+    in the result dtype. Refuses inputs that have no value in `fmt`."""
     in_fmt = _arrays.input_format(array)
     out_fmt = _arrays.result_format(in_fmt, fmt)
-    options = dict(rounding=rounding, saturate=bool(saturate), rand_bits=rand_bits,
-                   flush_inputs=bool(flush_subnormal_inputs), flush_outputs=bool(flush_subnormal_outputs))
+    if _arrays.is_meta(array):  # no data to round: the result's shape and dtype
+        return _arrays._torch.empty(array.shape, dtype=out_fmt.torch_dtype, device="meta")
+    refuse_values_without_code(array, fmt, options.flush_inputs)
+    engine = options.engine()
     ops = _arrays.Ops(array)
-    rng = ops.generator(seed, generator) if rounding == "stochastic" else None
+    rng = ops.generator(options.seed, options.generator) if options.rounding == "stochastic" else None
 
     big_integers = None
     if in_fmt is None:
@@ -95,19 +109,22 @@ def quantize(
     draws = None
     if rng is not None:  # one draw per element, whichever path rounds them
         width = 64 if str(work.dtype).endswith("float64") else 32
-        draws = ops.random_ints(tuple(work.shape), rand_bits or _LAYOUT[width][0] + 3, rng)
-    result = _quantize_native(work, fmt, ops, options, draws)
+        draws = ops.random_ints(tuple(work.shape), options.rand_bits or _LAYOUT[width][0] + 3, rng)
+    result = _quantize_native(work, fmt, ops, engine, draws)
     if result is None:
-        result = round_bits(work, fmt, ops, random_ints=draws, **options)
+        result = round_bits(work, fmt, ops, random_ints=draws, **engine)
     if big_integers is not None:
-        result = _round_big_integers(array, result, big_integers, fmt, options, ops)
-    result = _to_result_dtype(result, out_fmt, ops)
-    return result[()] if scalar else result
+        result = _round_big_integers(array, result, big_integers, fmt, engine, ops)
+    return _to_result_dtype(result, out_fmt, ops)
 
 
 def _quantize_native(work, fmt: Format, ops, options, draws=None):
     """The compiled kernel's result for float32 input on the CPU, or None where it does not apply."""
     host = work.numpy() if ops.torch and work.device.type == "cpu" else work
+    if not _native.available():
+        if isinstance(host, np.ndarray):
+            _native.warn_once_without_kernel()
+        return None
     if not _native.covers(host, fmt, options["rounding"]):
         return None
     if (options["rand_bits"] or 0) > _native.FLOAT32_RAND_BITS:
@@ -130,12 +147,17 @@ def _working_values(array, out_fmt: Format, ops):
 
 
 def _integers_as_float64(array, ops):
-    """Integers as float64, exact; those beyond 2^53 (no exact float64) are masked out as 0."""
+    """Integers as float64, exact; those beyond 2^53 (no exact float64) are masked out as 0.
+
+    Object arrays hold Python ints, and floats beside them (from a list such as [0.5, 2**70]),
+    which are float64 already."""
     values = array.cpu().numpy() if ops.torch else np.asarray(array)
     if values.dtype == object:
-        big = np.array([abs(int(v)) > 2**53 for v in values.ravel()], dtype=bool).reshape(values.shape)
-        small = np.array([0 if b else int(v) for v, b in zip(values.ravel(), big.ravel())], dtype=np.int64)
-        work = small.reshape(values.shape).astype(np.float64)
+        flat = values.ravel()
+        big = np.array([not isinstance(v, float) and abs(int(v)) > 2**53 for v in flat], dtype=bool)
+        work = np.array([0.0 if b else (v if isinstance(v, float) else float(int(v))) for v, b in zip(flat, big)],
+                        dtype=np.float64).reshape(values.shape)
+        big = big.reshape(values.shape)
     else:
         limit = 2**53
         big = values > limit

@@ -477,8 +477,8 @@ def _step(x, steps: int, dtype):
     return dtype(x)
 
 
-def rounding_inputs(fmt, dtype=np.float32, *, allow_nan: bool = True, allow_infinity: bool = True,
-                    allow_negative: bool = True):
+def rounding_inputs(fmt, dtype=np.float32, *, allow_nan: bool | None = None, allow_infinity: bool = True,
+                    allow_negative: bool | None = None):
     """Inputs of `dtype` (numpy float32 or float64 scalars; float16 works too) where rounding into `fmt` is delicate.
 
     Drawn from, in this order (the order a failure shrinks through):
@@ -493,12 +493,22 @@ def rounding_inputs(fmt, dtype=np.float32, *, allow_nan: bool = True, allow_infi
       exact or 1 ulp away; dtype's max; Inf and NaN when allowed;
     * any float of dtype (NaN and Inf when allowed).
 
-    Each is positive or negative (negative inputs too when fmt is unsigned:
-    they must round to NaN, or to 0 for -0). Where a point is beyond dtype's
-    range it becomes Inf (dtype's max when allow_infinity is False).
+    Each is positive or negative (negative inputs too when fmt is unsigned
+    and has NaN: they must round to NaN, or to 0 for -0). Where a point is
+    beyond dtype's range it becomes Inf (dtype's max when allow_infinity is
+    False).
+
+    By default (None) only inputs that `fpsim.quantize` takes are drawn: NaN
+    only when fmt has NaN, negatives not for an unsigned format without NaN,
+    and no zero for a format with neither zero nor NaN (quantize refuses
+    inputs that have no value in fmt). True draws them anyway.
     """
     fmt = get_format(fmt)
     dtype = _check_dtype(dtype)
+    if allow_nan is None:
+        allow_nan = fmt.has_nan
+    if allow_negative is None:
+        allow_negative = fmt.signed or fmt.has_nan
     for name, flag in (("allow_nan", allow_nan), ("allow_infinity", allow_infinity),
                        ("allow_negative", allow_negative)):
         _check_bool(name, flag)
@@ -553,8 +563,11 @@ def rounding_inputs(fmt, dtype=np.float32, *, allow_nan: bool = True, allow_infi
     ordinary = st.floats(width=width, allow_nan=allow_nan, allow_infinity=allow_infinity).map(
         lambda x: dtype(x) if allow_negative else dtype(abs(x)))
     # Branch order is shrink order: near 1.0 first, the edges and the special values last.
-    return st.one_of(near(value), near(midpoint), near_edges(value), near_edges(midpoint), tiny,
-                     st.sampled_from(overflow), ordinary)
+    inputs = st.one_of(near(value), near(midpoint), near_edges(value), near_edges(midpoint), tiny,
+                       st.sampled_from(overflow), ordinary)
+    if not fmt.zero and not fmt.has_nan:  # zero has no value there; the smallest one stands in
+        inputs = inputs.map(lambda x: x if x != 0 else dtype(_to_dtype(fmt.min_subnormal, dtype)))
+    return inputs
 
 
 # -------------------------------------------------------------- arrays

@@ -44,6 +44,10 @@ PUBLISHED = {
     "e2m3": (Q(15, 2), Q(1), Q(1, 8), "OCP MX v1.0 FP6 E2M3"),
     "e2m1": (Q(6), Q(1), Q(1, 2), "OCP MX v1.0 FP4 E2M1"),
     "e8m0": (Q(2)**127, Q(1, 2**127), Q(1, 2**127), "OCP MX v1.0 E8M0 scale"),
+    "e3m4": (Q(31, 2), Q(1, 4), Q(1, 64), "ml_dtypes float8_e3m4"),
+    "e4m3ieee": (Q(240), Q(1, 2**6), Q(1, 2**9), "ml_dtypes float8_e4m3 (IEEE-like)"),
+    "e4m3b11fnuz": (Q(30), Q(1, 2**10), Q(1, 2**13), "ml_dtypes float8_e4m3b11fnuz"),
+    "e5m3fnu": (Q(114688), Q(1, 2**14), Q(1, 2**17), "ml_dtypes float8_e5m3fnu (unsigned)"),
 }
 
 WIDE = ("fp32", "tf32", "bf16", "fp16")

@@ -281,10 +281,23 @@ def format_inputs(draw, fmt: Format, dtype) -> np.ndarray:
     return np.array(out, dtype=dtype)
 
 
-def known_bug_inputs(fmt: Format, x: np.ndarray, flush_in: bool = False) -> np.ndarray:
-    """Inputs hit by known, open bugs, left out of the random searches (none open now; add a
-    case here together with a strict-xfail test that pins the bug, and remove it with the fix)."""
-    return np.zeros(np.shape(x), dtype=bool)
+def codable(x, fmt: Format, flush_inputs: bool = False) -> np.ndarray:
+    """Which inputs have a value in `fmt` at all (the rest quantize and encode refuse): for a format
+    without NaN, no NaN, no negative nonzero value if it is unsigned (after flushing: a tiny negative
+    flushes to -0, which it takes as +0) and no zero if it has none. From the format's definition."""
+    x = np.asarray(x, dtype=np.float64)
+    keep = np.ones(x.shape, dtype=bool)
+    if fmt.has_nan:
+        return keep
+    keep &= ~np.isnan(x)
+    if not fmt.signed:
+        negative = x < 0
+        if flush_inputs and fmt.zero:
+            negative &= ~(np.abs(x) < float(fmt.min_normal))
+        keep &= ~negative
+    if not fmt.zero:
+        keep &= x != 0
+    return keep
 
 
 def expected_nan_sign(fmt: Format, negative_input):

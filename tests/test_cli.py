@@ -68,3 +68,23 @@ def test_errors_name_what_is_allowed(capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "fpsim", "formats"], capture_output=True, text=True, check=True).stdout
     assert out.startswith("name")
+
+
+@pytest.mark.parametrize("typed,fmt,result,bits", [
+    ("1e999999", "fp16", "inf", "0x7c00"), ("-1e999999", "e4m3", "nan", "0xff"),
+    ("1e999999", "e4m3", "nan", "0x7f"), ("1e-30000000", "fp16", "0", "0x0000"),
+    ("12.5e-30000000", "e2m1", "0", "0x0"), ("0.000e5000000", "bf16", "0", "0x0000"),
+])
+def test_cast_of_magnitudes_beyond_every_format(capsys, typed, fmt, result, bits):
+    """Expected: IEEE 754 / OCP overflow and underflow rules (beyond max: Inf, NaN for E4M3FN;
+    below half the smallest subnormal: 0)."""
+    assert main(["cast", typed, "--to", fmt]) == 0
+    out = capsys.readouterr().out
+    assert f"result      {result}\n" in out and f"({bits})" in out
+    if typed.strip("-") != "0.000e5000000":
+        assert "rounded as 2^" in out  # the stand-in is said
+
+
+def test_cast_up_from_a_tiny_magnitude_is_the_smallest_subnormal(capsys):
+    assert main(["cast", "1e-30000000", "--to", "fp16", "--rounding", "up"]) == 0
+    assert "result      5.9604645e-08\n" in capsys.readouterr().out  # 2^-24

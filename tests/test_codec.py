@@ -21,7 +21,7 @@ from fpsim.codec import code_dtype, decode, encode
 from fpsim.formats import Format, format as get_format
 
 from foundation_helpers import (BYTE_PRESETS, CUSTOM_FORMATS, SMALL_PRESETS, assert_same_bits, assert_same_codes,
-                      custom_formats, fmt_id, format_inputs, known_bug_inputs, oracle_decoded, random_inputs,
+                      custom_formats, fmt_id, format_inputs, codable, oracle_decoded, random_inputs,
                       requires_torch, sweep_points, torch)
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
@@ -276,9 +276,7 @@ def test_encode_and_decode_random_custom_formats_match_the_oracle(data, fmt, dty
     nan = np.isnan(got)
     assert np.array_equal(np.signbit(got[nan]), _expected_decoded_nan_sign(fmt, codes[nan]))
     x = data.draw(format_inputs(fmt, dtype))
-    x = x[~known_bug_inputs(fmt, x)]
-    if dtype is np.float32 and not fmt.zero and not fmt.has_nan:
-        x = x[x != 0]  # the kernel encodes such zeros silently: test_native.py::test_kernel_encode_refuses_zero...
+    x = x[codable(x, fmt)]  # the rest is refused: test_encode_refuses_inputs_without_a_code
     if len(x) == 0:
         return
     expected = []

@@ -41,6 +41,11 @@ SPEC = {
     "e2m3": (2, 3, 6, F(15, 2), F(1), P2(-3), P2(-3)),          # OCP MX FP6 E2M3
     "e2m1": (2, 1, 4, F(6), F(1), F(1, 2), F(1, 2)),            # OCP MX FP4 E2M1
     "e8m0": (8, 0, 8, P2(127), P2(-127), P2(-127), F(1)),       # OCP MX E8M0 scale
+    # the other ml_dtypes types, from ml_dtypes.finfo (checked against it below)
+    "e3m4": (3, 4, 8, F(31, 2), P2(-2), P2(-6), P2(-4)),        # float8_e3m4 (IEEE-like)
+    "e4m3ieee": (4, 3, 8, F(240), P2(-6), P2(-9), P2(-3)),      # float8_e4m3 (IEEE-like)
+    "e4m3b11fnuz": (4, 3, 8, F(30), P2(-10), P2(-13), P2(-3)),  # bias 11, NaN at -0
+    "e5m3fnu": (5, 3, 8, F(114688), P2(-14), P2(-17), P2(-3)),  # unsigned, NaN all ones
 }
 
 # (normal_binades, subnormal_binades) by hand for the formats too big to enumerate
@@ -52,12 +57,15 @@ ML_DTYPES_NAMES = {
     "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
     "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn, "e2m1": ml_dtypes.float4_e2m1fn,
     "e8m0": ml_dtypes.float8_e8m0fnu, "tf32": None,
+    "e3m4": ml_dtypes.float8_e3m4, "e4m3ieee": ml_dtypes.float8_e4m3,
+    "e4m3b11fnuz": ml_dtypes.float8_e4m3b11fnuz, "e5m3fnu": ml_dtypes.float8_e5m3fnu,
 }
 TORCH_NAMES = {
     "fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
     "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
     "e5m2fnuz": "float8_e5m2fnuz", "e8m0": "float8_e8m0fnu",
     "e3m2": None, "e2m3": None, "e2m1": None, "tf32": None,
+    "e3m4": None, "e4m3ieee": None, "e4m3b11fnuz": None, "e5m3fnu": None,
 }
 
 
@@ -243,10 +251,48 @@ def test_unknown_name_raises_listing_allowed_names(bad):
         assert name in message
 
 
-@pytest.mark.parametrize("bad", [3, None, 1.5, np.float32, b"e4m3"])
+@pytest.mark.parametrize("bad", [3, None, 1.5, b"e4m3", np.int8, np.dtype("int32"), int, object])
 def test_non_string_name_raises_type_error(bad):
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="format"):
         get_format(bad)
+
+
+DTYPE_OBJECTS = [
+    (np.float64, "fp64"), (float, "fp64"), (np.dtype(">f4"), "fp32"), (np.dtype("float16"), "fp16"),
+    (ml_dtypes.bfloat16, "bf16"), (np.dtype(ml_dtypes.float8_e4m3fn), "e4m3"), (ml_dtypes.float8_e5m2, "e5m2"),
+    (ml_dtypes.float8_e4m3fnuz, "e4m3fnuz"), (ml_dtypes.float8_e5m2fnuz, "e5m2fnuz"),
+    (ml_dtypes.float6_e3m2fn, "e3m2"), (ml_dtypes.float6_e2m3fn, "e2m3"), (ml_dtypes.float4_e2m1fn, "e2m1"),
+    (ml_dtypes.float8_e8m0fnu, "e8m0"), (ml_dtypes.float8_e3m4, "e3m4"), (ml_dtypes.float8_e4m3, "e4m3ieee"),
+    (ml_dtypes.float8_e4m3b11fnuz, "e4m3b11fnuz"), (ml_dtypes.float8_e5m3fnu, "e5m3fnu"),
+]
+
+
+@pytest.mark.parametrize("dtype,name", DTYPE_OBJECTS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_numpy_and_ml_dtypes_dtype_objects_name_their_format(dtype, name):
+    fmt = get_format(dtype)
+    assert fmt is PRESETS[name]
+    if fmt.ml_dtype is not None:  # and the format is the dtype's own: same range and precision
+        info = ml_dtypes.finfo(dtype)
+        assert float(fmt.max) == float(info.max) and float(fmt.min_subnormal) == float(info.smallest_subnormal)
+
+
+@requires_torch
+def test_torch_dtypes_name_their_format():
+    for name, torch_name in TORCH_NAMES.items():
+        if torch_name is not None:
+            assert get_format(getattr(torch, torch_name)) is PRESETS[name]
+    assert get_format(torch.float4_e2m1fn_x2) is PRESETS["e2m1"]  # two E2M1 codes per byte
+    with pytest.raises(TypeError, match="not a floating-point format"):
+        get_format(torch.int8)
+
+
+@pytest.mark.parametrize("field,value", [("exp_bits", "4"), ("exp_bits", 4.0), ("man_bits", None), ("bias", "7"),
+                                         ("signed", 1), ("subnormals", "yes"), ("nan", 3), ("name", 5)])
+def test_wrongly_typed_format_fields_name_the_field(field, value):
+    args = dict(exp_bits=4, man_bits=3)
+    args[field] = value
+    with pytest.raises(TypeError, match=f"Format.{field} must be"):
+        Format(**args)
 
 
 # ------------------------------------------------------------ custom layouts

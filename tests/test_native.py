@@ -22,7 +22,7 @@ from fpsim.codec import _pack, code_dtype, encode
 from fpsim.formats import PRESETS, Format
 from fpsim.rounding import quantize, round_bits
 
-from foundation_helpers import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, custom_formats, fmt_id, known_bug_inputs,
+from foundation_helpers import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, codable, custom_formats, fmt_id,
                       requires_torch, sweep_points, torch)
 
 pytestmark = pytest.mark.skipif(not _native.available(),
@@ -131,7 +131,6 @@ def test_kernel_matches_numpy_engine_on_every_bit_pattern_class(fmt, rounding):
     x = _bit_pattern_inputs(seed=40)
     if fmt.bits <= 16:
         x = np.concatenate([x, sweep_points(fmt, np.float32)[:: 1 if fmt.bits <= 8 else 17]])
-    x = x[~known_bug_inputs(fmt, x, flush_in=True)]  # see test_kernel_negative_inputs_... below
     for saturate in (False, True):
         for flush_in, flush_out in FLUSH:
             _compare(x, fmt, rounding, saturate, flush_in, flush_out)
@@ -149,7 +148,6 @@ def test_kernel_stochastic_matches_numpy_engine_with_the_same_draws(fmt, rand_bi
     x = _bit_pattern_inputs(seed=44, n_random=3000)
     if fmt.bits <= 16:
         x = np.concatenate([x, sweep_points(fmt, np.float32)[:: 1 if fmt.bits <= 8 else 37]])
-    x = x[~known_bug_inputs(fmt, x, flush_in=True)]
     for saturate in (False, True):
         for i, (flush_in, flush_out) in enumerate(FLUSH):
             _compare(x, fmt, "stochastic", saturate, flush_in, flush_out, rand_bits, seed=i)
@@ -163,7 +161,6 @@ def test_kernel_matches_numpy_engine_on_random_custom_formats(fmt, rounding, sat
     if not _native.covers(np.zeros(1, np.float32), fmt, rounding):
         return
     x = _bit_pattern_inputs(seed, n_random=2000)
-    x = x[~known_bug_inputs(fmt, x, flush_in=flush[0])]
     if len(x):
         _compare(x, fmt, rounding, saturate, *flush, rand_bits=rand_bits, seed=seed)
 
@@ -202,6 +199,7 @@ def test_quantize_and_encode_of_float32_use_the_kernel_bits(fmt):
     """quantize/encode on float32 numpy arrays (the kernel) == the numpy engine, and == quantize of the same
     values as float64 (which never takes the kernel)."""
     x = _bit_pattern_inputs(seed=41, n_random=5000)
+    x = x[codable(x, fmt)]  # quantize refuses the others (the kernel itself is compared above)
     for rounding in DETERMINISTIC:
         for saturate in (False, True):
             got = quantize(x, fmt, rounding, saturate)
@@ -238,6 +236,7 @@ def test_float16_input_encodes_through_the_kernel_like_the_engine():
 @pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=fmt_id)
 def test_torch_cpu_tensors_go_through_the_kernel(fmt):
     x = _bit_pattern_inputs(seed=43, n_random=5000)
+    x = x[codable(x, fmt)]
     t = torch.from_numpy(x)
     for rounding in DETERMINISTIC:
         got = quantize(t, fmt, rounding)

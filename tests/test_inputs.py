@@ -1,0 +1,319 @@
+"""Every input a user has reaches quantize/encode/decode correctly, or is refused clearly.
+
+Sources of truth: the Fraction oracle fpsim.exact (round_value, decode_code) for every
+expected value; ml_dtypes and torch for what their dtypes hold; torch's own autograd for
+what a gradient is; PyTorch's header c10/util/Float4_e2m1fn_x2.h for the packing of
+torch.float4_e2m1fn_x2 (the first value in the low nibble); the straight-through estimator's
+definition (Bengio et al. 2013) for the gradients of quantize.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fpsim
+from fpsim import decode, encode, exact, quantize
+from fpsim.formats import PRESETS
+
+from foundation_helpers import assert_same_bits, assert_same_codes, oracle, requires_torch, torch
+
+X = np.array([0.1, -3.3, 500.0, 1e-4, -0.0, 2.0**-9 * 3], dtype=np.float64)
+
+
+def _codes_oracle(values, fmt):
+    return np.array([exact.encode_value(exact.round_value(float(v), fmt), fmt) for v in np.ravel(values)])
+
+
+# ------------------------------------------------------- tensors that require grad
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("name", ["e4m3", "bf16", "fp16", "e2m1"])
+def test_tensors_that_require_grad_round_and_pass_the_gradient_straight_through(dtype, name):
+    x = torch.tensor(X[:4], dtype=getattr(torch, dtype), requires_grad=True)
+    y = quantize(x, name, saturate=True)
+    assert y.requires_grad and y.device == x.device
+    expected = oracle(x.detach().double().numpy(), PRESETS[name], saturate=True)
+    assert_same_bits(y.detach(), expected)
+    upstream = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=y.dtype)
+    y.backward(upstream)
+    assert x.grad.dtype == x.dtype  # the gradient comes back in the input's dtype
+    assert torch.equal(x.grad, upstream.to(x.dtype))  # identity: d quantize / dx := 1
+
+
+@requires_torch
+def test_clipped_gradient_is_zero_outside_the_format_range():
+    x = torch.tensor([0.5, -300.0, 500.0, -1e4, float("inf"), float("nan")], requires_grad=True)
+    y = quantize(x, "e4m3", saturate=True, grad="clipped")
+    y.backward(torch.ones(6))
+    assert x.grad.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # |x| <= 448 passes
+
+
+@requires_torch
+def test_gradient_can_be_detached_and_no_grad_mode_builds_no_graph():
+    x = torch.tensor([0.3, 7.0], requires_grad=True)
+    assert not quantize(x, "e4m3", grad="none").requires_grad
+    with torch.no_grad():
+        assert quantize(x, "e4m3").grad_fn is None
+    with pytest.raises(ValueError, match="grad must be one of identity, clipped, none"):
+        quantize(x, "e4m3", grad="straight")
+
+
+@requires_torch
+def test_fake_quantised_linear_layer_trains():
+    """quantize inside a model's forward: backward reaches the weights as the straight-through
+    estimator says, dL/dW = (2 q(o))^T q(x) for L = sum q(o)^2, o = W q(x) + b, with q from ml_dtypes."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    (quantize(layer(quantize(x, "e4m3")), "e4m3") ** 2).sum().backward()
+
+    def q(t):
+        return torch.from_numpy(t.detach().numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+    qx = q(x)
+    qo = q(qx @ layer.weight.detach().T + layer.bias.detach())
+    assert torch.allclose(layer.weight.grad, (2 * qo).T @ qx, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(layer.bias.grad, (2 * qo).sum(0), rtol=1e-6, atol=1e-6)
+
+
+@requires_torch
+def test_encode_reads_a_tensor_that_requires_grad():
+    x = torch.tensor(X[:4], dtype=torch.float32, requires_grad=True)
+    assert_same_codes(encode(x, "e4m3").numpy(), _codes_oracle(X[:4].astype(np.float32), PRESETS["e4m3"]))
+
+
+# ------------------------------------------------------ one validation everywhere
+def _input_kinds():
+    kinds = {"float16": X.astype(np.float16), "float32": X.astype(np.float32), "float64": X,
+             "int64": np.array([1, -3, 500]), "bfloat16": X.astype(ml_dtypes.bfloat16)}
+    if torch is not None:
+        kinds["torch"] = torch.tensor(X, dtype=torch.float32)
+    return kinds
+
+
+BAD_OPTIONS = {
+    "saturate='no'": (dict(saturate="no"), TypeError, "saturate must be True or False, got str 'no'"),
+    "flush_in='no'": (dict(flush_subnormal_inputs="no"), TypeError, "flush_subnormal_inputs must be True or False"),
+    "flush_out=1": (dict(flush_subnormal_outputs=1), TypeError, "flush_subnormal_outputs must be True or False"),
+    "rand_bits=True": (dict(rounding="stochastic", rand_bits=True), TypeError, "rand_bits must be an int"),
+    "rand_bits=3.0": (dict(rounding="stochastic", rand_bits=3.0), TypeError, "rand_bits must be an int"),
+    "rand_bits=0": (dict(rounding="stochastic", rand_bits=0), ValueError, "rand_bits must be an int in 1..52"),
+    "rand_bits nearest": (dict(rand_bits=4), ValueError, "rand_bits applies to rounding='stochastic' only"),
+    "seed and generator": (dict(rounding="stochastic", seed=1, generator=np.random.default_rng(1)), ValueError,
+                           "either seed or generator"),
+    "seed=-1": (dict(rounding="stochastic", seed=-1), ValueError, "seed must be an int in 0..2\\*\\*64-1"),
+    "seed=1.5": (dict(rounding="stochastic", seed=1.5), TypeError, "seed must be an int"),
+    "generator=42": (dict(rounding="stochastic", generator=42), TypeError, "generator must be a numpy.random"),
+    "rounding=3": (dict(rounding=3), TypeError, "rounding must be a mode name"),
+    "rounding='nearest'": (dict(rounding="nearest"), ValueError, "unknown rounding mode 'nearest'"),
+}
+
+
+@pytest.mark.parametrize("kind", list(_input_kinds()))
+@pytest.mark.parametrize("case", list(BAD_OPTIONS))
+@pytest.mark.parametrize("function", [quantize, encode], ids=["quantize", "encode"])
+def test_every_bad_option_is_refused_on_every_input_kind(function, case, kind):
+    options, error, message = BAD_OPTIONS[case]
+    x = _input_kinds()[kind]
+    before = x.clone() if torch is not None and isinstance(x, torch.Tensor) else x.copy()
+    with pytest.raises(error, match=message):
+        function(x, "e4m3", **options)
+    same = torch.equal(x, before) if torch is not None and isinstance(x, torch.Tensor) else \
+        np.array_equal(x.view(np.uint8), before.view(np.uint8))
+    assert same  # the input is untouched
+
+
+def test_encode_takes_exactly_quantizes_options():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'flush'"):
+        encode(X.astype(np.float32), "e4m3", flush=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'grad'"):
+        encode(X.astype(np.float32), "e4m3", grad="none")  # codes have no gradient
+
+
+# ------------------------------------------------ inputs that are valid: right answers
+def test_python_lists_with_huge_integers_round_from_their_exact_value():
+    assert_same_bits(quantize([1, 2**70], "e4m3"), oracle([1, 2**70], PRESETS["e4m3"]))
+    huge = 2**60 + 2**36 + 1  # above the fp32 tie 2^60 + 2^36: float64 would first make it the tie
+    got = quantize([0.5, huge], "fp32")
+    assert got[1] == exact.round_value(huge, "fp32") == 2.0**60 + 2.0**37
+    assert got[0] == 0.5
+    with pytest.raises(TypeError, match="cannot round str"):
+        quantize(np.array([1, "a"], dtype=object), "e4m3")
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">f2", ">i8", ">u4", "<f4"])
+def test_any_byte_order(dtype):
+    x = np.array([1.1, 300.0, 7.0, 0.0], dtype=np.float64).astype(dtype)
+    before = x.copy()
+    got = quantize(x, "e4m3")
+    assert_same_bits(got, oracle(x.astype(np.float64), PRESETS["e4m3"]))
+    assert got.dtype.isnative
+    assert_same_codes(encode(x, "e4m3"), _codes_oracle(x.astype(np.float64), PRESETS["e4m3"]))
+    assert np.array_equal(x.view(np.uint8), before.view(np.uint8))
+
+
+ML_FLOAT_TYPES = ["float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e5m3fnu", "float8_e4m3fn",
+                  "float8_e8m0fnu", "float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn", "bfloat16"]
+
+
+@pytest.mark.parametrize("type_name", ML_FLOAT_TYPES)
+def test_arrays_of_every_ml_dtypes_float_type(type_name):
+    dtype = getattr(ml_dtypes, type_name)
+    codes = np.arange(256 if np.dtype(dtype).itemsize == 1 else 65536, dtype=np.uint64)
+    limit = 1 << {"float6_e3m2fn": 6, "float6_e2m3fn": 6, "float4_e2m1fn": 4}.get(type_name, 8 * np.dtype(dtype).itemsize)
+    values = codes[:limit].astype(np.uint8 if np.dtype(dtype).itemsize == 1 else np.uint16).view(dtype)
+    exact_values = values.astype(np.float64)  # what ml_dtypes says the codes mean
+    own = fpsim.format(dtype)
+    assert_same_bits(decode(codes[:limit], own), exact_values)  # the preset is the dtype's own format
+    finite = values[np.isfinite(exact_values)]
+    got = quantize(finite, "e4m3", "toward_zero")
+    assert_same_bits(got, oracle(finite.astype(np.float64), PRESETS["e4m3"], "toward_zero"))
+
+
+def test_ml_dtypes_integer_arrays():
+    x = np.array([-8, -1, 0, 5, 7], dtype=ml_dtypes.int4)
+    assert_same_bits(quantize(x, "e2m1"), oracle([-8, -1, 0, 5, 7], PRESETS["e2m1"]))
+    u = np.array([0, 3, 15], dtype=ml_dtypes.uint4)
+    assert_same_bits(quantize(u, "e2m1"), oracle([0, 3, 15], PRESETS["e2m1"]))
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                   "float8_e8m0fnu", "bfloat16", "float16"])
+def test_torch_float8_tensors(dtype):
+    t = torch.tensor([0.3, 2.5, 96.0, 1.0]).to(getattr(torch, dtype))
+    values = t.double().numpy()  # what torch says the tensor holds
+    got = quantize(t, "e2m1", "up")
+    assert isinstance(got, torch.Tensor)
+    assert_same_bits(got.double().numpy(), oracle(values, PRESETS["e2m1"], "up"))
+
+
+@requires_torch
+def test_torch_float4_pairs_decode_low_nibble_first():
+    low, high = 0b0011, 0b1110  # e2m1 codes: 1.5 and -4.0
+    packed = torch.tensor([[high << 4 | low, low << 4 | high]], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    got = decode(packed, "e2m1")
+    value = {c: exact.decode_code(c, "e2m1") for c in (low, high)}
+    assert got.shape == (1, 4)
+    assert got.tolist() == [[value[low], value[high], value[high], value[low]]]
+    with pytest.raises(TypeError, match="fpsim.decode"):
+        quantize(packed, "e4m3")
+
+
+def test_masked_arrays_keep_their_mask():
+    x = np.ma.masked_array([1.1, np.nan, 300.0, -2.2], mask=[False, True, False, False])
+    got = quantize(x, "e2m1")  # the masked NaN is no input: e2m1 has no NaN but nothing is refused
+    assert isinstance(got, np.ma.MaskedArray)
+    assert got.mask.tolist() == [False, True, False, False]
+    kept = ~got.mask
+    assert_same_bits(got.data[kept], oracle(x.data[kept], PRESETS["e2m1"]))
+    codes = encode(x, "e4m3")
+    assert isinstance(codes, np.ma.MaskedArray) and codes.mask.tolist() == x.mask.tolist()
+    assert_same_codes(codes.data[kept], _codes_oracle(x.data[kept], PRESETS["e4m3"]))
+
+
+def test_matrices_stay_matrices():
+    m = np.matrix([[1.1, 2.2], [300.0, -0.01]])
+    got = quantize(m, "e4m3")
+    assert isinstance(got, np.matrix) and got.shape == (2, 2)
+    assert_same_bits(np.asarray(got), oracle(np.asarray(m), PRESETS["e4m3"]))
+
+
+def test_jax_arrays_come_back_as_jax_arrays():
+    jnp = pytest.importorskip("jax.numpy")  # in the test extra; optional for users
+    x = jnp.asarray(X.astype(np.float32))
+    got = quantize(x, "e4m3")
+    assert type(got) is type(x)
+    assert_same_bits(np.asarray(got), oracle(X.astype(np.float32), PRESETS["e4m3"]))
+    codes = encode(x, "bf16")
+    assert type(codes) is type(x)
+    assert_same_codes(np.asarray(codes), _codes_oracle(X.astype(np.float32), PRESETS["bf16"]))
+    assert_same_bits(np.asarray(decode(codes, "bf16")), oracle(X.astype(np.float32), PRESETS["bf16"]))
+
+
+@requires_torch
+def test_meta_tensors_give_meta_results_of_the_right_shape_and_dtype():
+    t = torch.empty(3, 5, dtype=torch.float32, device="meta")
+    q = quantize(t, "bf16")
+    assert q.device.type == "meta" and q.shape == (3, 5) and q.dtype == torch.float32
+    c = encode(t, "e4m3")
+    assert c.device.type == "meta" and c.dtype == torch.uint8
+    d = decode(torch.empty(4, dtype=torch.uint8, device="meta"), "e4m3")
+    assert d.device.type == "meta" and d.dtype == torch.float32
+
+
+# ----------------------------------------------------------------- refusals
+@pytest.mark.parametrize("name,value,message", [
+    ("e2m1", np.nan, "e2m1 has no NaN; the input holds NaN at index \\(\\)"),
+    ("e3m2", [1.0, np.nan], "e3m2 has no NaN; the input holds NaN at index \\(1,\\)"),
+])
+def test_inputs_without_a_code_are_refused(name, value, message):
+    for function in (quantize, encode):
+        with pytest.raises(ValueError, match=message):
+            function(value, name)
+        with pytest.raises(ValueError, match=message):
+            function(np.asarray(value, dtype=np.float32), name)
+        if torch is not None:
+            with pytest.raises(ValueError, match=message):
+                function(torch.tensor(value, dtype=torch.float32), name)
+
+
+def test_codes_beyond_the_format_name_their_true_value():
+    for codes in (np.uint64(2**64 - 1), 2**64 - 1, np.array([1, 2**40], dtype=np.uint64), [3, 2**70]):
+        with pytest.raises(ValueError, match=r"code \d+ at index .* is outside 0..255 for e4m3"):
+            decode(codes, "e4m3")
+    with pytest.raises(ValueError, match="code 18446744073709551615 at index"):
+        decode(np.uint64(2**64 - 1), "e4m3")
+
+
+# ----------------------------------------------------------- light import, no kernel
+def test_import_fpsim_and_numpy_rounding_do_not_load_torch():
+    code = ("import sys, numpy as np, fpsim; fpsim.quantize(np.ones(3), 'e4m3'); fpsim.encode([1.0], 'bf16');"
+            "fpsim.format('e5m2'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_without_the_kernel_the_numpy_engine_warns_once_and_gives_the_same_bits():
+    """fpsim installed without a C compiler: its extension module is missing, which we reproduce by
+    refusing its import."""
+    code = """
+import sys, warnings, importlib.abc
+class NoKernel(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "fpsim._fastround":
+            raise ImportError("no compiler")
+sys.meta_path.insert(0, NoKernel())
+import numpy as np, fpsim
+from fpsim import _native
+assert not _native.available()
+x = (np.random.default_rng(3).standard_normal(20000) * 50).astype(np.float32)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    q = fpsim.quantize(x, "e4m3"); fpsim.quantize(x, "bf16"); c = fpsim.encode(x, "e5m2")
+print(sum("compiled rounding kernel is not built" in str(w.message) for w in caught))
+np.save(sys.argv[1], np.concatenate([q.view(np.uint32).astype(np.int64), c.astype(np.int64)]))
+"""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "bits.npy"
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "1"  # one warning for three calls
+        x = (np.random.default_rng(3).standard_normal(20000) * 50).astype(np.float32)
+        expected = np.concatenate([quantize(x, "e4m3").view(np.uint32).astype(np.int64),
+                                   encode(x, "e5m2").astype(np.int64)])
+        assert np.array_equal(np.load(path), expected)
+    assert "docs/speed.md" in fpsim._native.NO_KERNEL_WARNING
+
+
+def test_fraction_inputs_stay_refused_with_the_allowed_list():
+    with pytest.raises(TypeError, match="allowed"):
+        quantize(Fraction(1, 3), "e4m3")
