@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
 def test_json_schema(saved):
     report, paths, folder = saved
     data = json.loads((folder / "report.json").read_text())
-    assert data["schema"] == SCHEMA == "fpsim.analyze.report/1"
+    assert data["schema"] == SCHEMA == "fpsim.analyze.report/2"
     assert [f["name"] for f in data["formats"]] == ["fp16", "bf16", "e4m3", "e5m2"]
     assert {f["scaling"] for f in data["formats"]} == {"loss_scale", "per_tensor"}
     for name in ("fp16", "bf16", "e4m3", "e5m2"):
@@ -45,7 +45,7 @@ def test_json_schema(saved):
         assert set(layer["verdicts"].values()) <= {"ok", "loss_scale", "fp32"}
         assert all(layer["reasons"][f] for f in layer["verdicts"])
         for kind, t in layer["tensors"].items():
-            assert kind in ("activation", "activation_grad", "weight", "weight_grad", "update")
+            assert kind in ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
             assert t["values"] == t["nonzero"] + t["zeros"] + t["pos_inf"] + t["neg_inf"] + t["nan"]
             h = t["log2_histogram"]
             assert sum(h["counts"]) + h["tiny"] + h["huge"] == t["nonzero"]
@@ -107,7 +107,7 @@ def test_summary_table(saved):
     assert "recommended" in table and "GradScaler" in table
     for layer in report.layers:
         assert layer.name in table
-    with pytest.raises(KeyError, match="no layer 'nope'"):
+    with pytest.raises(KeyError, match="no layer or op 'nope'"):
         report.verdict("nope", "fp16")
     with pytest.raises(KeyError, match="not watched"):
         report.verdict("head", "fp8")
