@@ -29,8 +29,9 @@ ignore_compile_internals) so that compiled code stays exactly as it would be
 unobserved, and only the library kernels compiled code calls (matmuls) pass
 through it, attributed to the compiled module. TorchScript modules run their
 inside as one call: their ops are attributed to the scripted module itself.
-View ops (no new values), uninitialised allocations (empty) and constants
-(zeros, ones, full, *_like) are skipped.
+View ops and copies (no new values: clone, _unsafe_view, copy_),
+uninitialised allocations (empty) and constants (zeros, ones, full, *_like)
+are skipped; a change of dtype (_to_copy, autocast's casts) is an op.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def _skipped(func) -> bool:
     name = func._schema.name
     return func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
         "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros", "aten::ones",
-        "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones", "aten::new_full")
+        "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+        "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy")
 
 
 def _float_outputs(out) -> list:

@@ -282,7 +282,7 @@ class Watcher:
 
     # ------------------------------------------------------- tracer client
     def forward_op(self, site, outputs):
-        if not self._active or not self._sampled:
+        if not self._active or not self._sampled or "activation" not in self.kinds:
             return None
         try:
             import torch

@@ -1,8 +1,8 @@
 """The precision a run really uses: autocast per op (from the dtypes the ops ran in) and every GradScaler.
 
-While a watch runs, `torch.amp.GradScaler.scale` and `update` are
-wrapped (on the class, so every scaler and subclass is seen, and put back
-when the watch closes). `scale()` tells the watch that this step's backward
+While a watch runs, `torch.amp.GradScaler.scale`, `unscale_`, `step` and
+`update` are wrapped (on the class, so every scaler and subclass is seen, and
+put back when the watch closes); the scaler's own arithmetic is not counted. `scale()` tells the watch that this step's backward
 tensors are multiplied by the scaler's scale (a device tensor: the watch
 divides by it when counting, with no host read); `update()` records the
 scale the step used and whether the scaler skipped it (found Inf/NaN), read
@@ -62,11 +62,25 @@ class ScalerWatch:
         self._refs: dict = {}            # id(scaler) -> weakref (ids of dead scalers are not reused for them)
         cls = torch.amp.GradScaler
         self._cls = cls
-        self._originals = {name: cls.__dict__[name] for name in ("scale", "update")}
+        self._originals = {name: cls.__dict__[name] for name in ("scale", "unscale_", "step", "update")}
         watch = self
 
+        def quietly(name):
+            """The original method, run with op observation paused: the scaler's own arithmetic is not the model's."""
+            original = watch._originals[name]
+
+            def method(scaler, *args, **kwargs):
+                w = watch._watcher()
+                if w is None:
+                    return original(scaler, *args, **kwargs)
+                with w._tracer.busy():
+                    return original(scaler, *args, **kwargs)
+            return method
+
+        plain = {name: quietly(name) for name in self._originals}
+
         def scale(scaler, outputs):
-            result = watch._originals["scale"](scaler, outputs)
+            result = plain["scale"](scaler, outputs)
             w = watch._watcher()
             if w is not None and scaler.is_enabled():
                 w._on_scale(scaler)
@@ -82,9 +96,9 @@ class ScalerWatch:
                     w._on_scaler_update(watch.record_for(scaler), used, found > 0)
                 except Exception as err:  # observation only: never break the run
                     w._fail(err)
-            return watch._originals["update"](scaler, new_scale)
+            return plain["update"](scaler, new_scale)
 
-        cls.scale, cls.update = scale, update
+        cls.scale, cls.unscale_, cls.step, cls.update = scale, plain["unscale_"], plain["step"], update
 
     def record_for(self, scaler) -> ScalerRecord:
         key = id(scaler)

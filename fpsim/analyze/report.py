@@ -22,7 +22,7 @@ import tempfile
 from .gradscaler import simulate_gradscaler
 from .histogram import Log2Histogram
 from .store import NO_STEP
-from .verdicts import (GRADIENT_KINDS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
+from .verdicts import (GRADIENT_KINDS, INTENDED_INF_OPS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
                        loss_scaled_verdict, per_tensor_verdict)
 
 SCHEMA = "fpsim.analyze.report/2"
@@ -332,7 +332,8 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
         lost = None
         if kind == "update":
             lost = {lim.name: int(snapshot.lost[i, j]) for j, lim in enumerate(limits)}
-        low = [thresholds[d] for d in dtypes.get(name, {}) if d in thresholds]
+        low = [thresholds[d] for d in dtypes.get(name, {}) if d in thresholds
+               and name.rpartition(":")[2] not in INTENDED_INF_OPS]
         stats = TensorStats(name, kind, Log2Histogram.from_raw(snapshot.raw[i]), float(snapshot.amax[i]),
                             None if first >= NO_STEP else first, int(snapshot.samples[i]), lost,
                             min(low) if low else None)

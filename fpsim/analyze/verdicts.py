@@ -25,6 +25,10 @@ VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""
 
+INTENDED_INF_OPS = ("masked_fill", "masked_fill_", "fill", "fill_", "where", "index_put", "index_put_",
+                    "masked_scatter", "clamp", "max", "min", "amax", "amin")
+"""Ops whose Inf outputs are put there on purpose (-inf attention masks) or passed through: no overflow, no alarm."""
+
 _KIND_WORDS = {"activation": "activations", "activation_grad": "activation gradients", "weight": "weights",
                "weight_grad": "weight gradients", "optimizer_grad": "gradients as the optimizer used them",
                "update": "updates"}
@@ -145,6 +149,8 @@ class Layer:
 
     @property
     def first_nonfinite_step(self) -> int | None:
+        if self.is_op and self.name.rpartition(":")[2] in INTENDED_INF_OPS:
+            return None
         steps = [t.first_nonfinite_step for t in self.tensors.values() if t.first_nonfinite_step is not None]
         return min(steps) if steps else None
 
