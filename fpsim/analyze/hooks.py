@@ -247,23 +247,23 @@ class Watcher:
         return self.attach()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close()
-        self.status, self.error = run_status(exc_type, exc)
-        if self.out is not None:
-            self.write_report(self.out)
+        with deferred_signals():          # a second Ctrl-C or a SIGTERM waits until the report is written
+            self.close()
+            self.status, self.error = run_status(exc_type, exc)
+            if self.out is not None:
+                self.write_report(self.out)
         return False
 
     def write_report(self, out) -> dict:
         """Build and save the report into `out` (report.json first); {} and `save_error` set when it failed."""
-        with deferred_signals():
-            try:
-                self.last_report = self.report()
-                self.saved_paths = self.last_report.save(out)
-            except Exception as err:  # never mask the run's own end
-                self.save_error = f"{type(err).__name__}: {err}"
-                self.saved_paths = getattr(err, "written", {})
-                warnings.warn(f"fpsim.watch: could not write the whole report to {out}: {self.save_error}",
-                              RuntimeWarning)
+        try:
+            self.last_report = self.report()
+            self.saved_paths = self.last_report.save(out)
+        except Exception as err:  # never mask the run's own end
+            self.save_error = f"{type(err).__name__}: {err}"
+            self.saved_paths = getattr(err, "written", {})
+            warnings.warn(f"fpsim.watch: could not write the whole report to {out}: {self.save_error}",
+                          RuntimeWarning)
         return self.saved_paths
 
     def _fail(self, err: BaseException) -> None:

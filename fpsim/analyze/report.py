@@ -192,7 +192,7 @@ class Report:
         from . import figures
 
         out = {}
-        kinds = [k for k in KIND_ORDER if any(k in layer.tensors for layer in self.layers)]
+        kinds = [k for k in KIND_ORDER if k != "optimizer_grad" and any(k in layer.tensors for layer in self.layers)]
         for kind in kinds:
             out[f"magnitudes_{kind}.png"] = lambda kind=kind: figures.magnitude_heatmap(self, kind)
         if any(not lim.per_tensor_scaled for lim in self.limits) and any(
