@@ -195,6 +195,10 @@ def _make_mode_class():
         def ignore_compile_internals(cls) -> bool:
             return True
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             return self.tracer._on_op(func, out, args)
@@ -295,11 +299,8 @@ class Tracer:
         name = self._stack.pop()
         if getattr(self._busy, "on", False):
             return
-        self._busy.on = True
-        try:
+        with self.busy():
             self.client.module_output(name, module, output)
-        finally:
-            self._busy.on = False
 
     # ------------------------------------------------------------------ ops
     def _hook_inputs(self, args) -> None:
@@ -323,11 +324,8 @@ class Tracer:
                 return None
             tensors = [g for g in grads if g is not None and g.is_floating_point()]
             if tensors:
-                self._busy.on = True
-                try:
+                with self.busy():
                     self.client.output_grad(site, tensors)
-                finally:
-                    self._busy.on = False
             return None
         return on_grads
 
@@ -365,14 +363,21 @@ class Tracer:
 
 
 class _Busy:
+    """Flags the client's own work and switches Python dispatch off for it (its ops are not the run's)."""
+
     def __init__(self, flag):
         self.flag = flag
 
     def __enter__(self):
+        import torch
+
         self.before = getattr(self.flag, "on", False)
         self.flag.on = True
+        self.guard = torch._C._DisableTorchDispatch()
+        self.guard.__enter__()
 
     def __exit__(self, *exc):
+        self.guard.__exit__(*exc)
         self.flag.on = self.before
         return False
 

@@ -24,10 +24,16 @@ _KIND_TITLES = {"activation": "Activations (module outputs)", "activation_grad":
 _FORMAT_COLOURS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, names=()):
+    """A Figure with fixed margins (constrained layout would cost most of the drawing time); the left one
+    fits the longest row label."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height))
+    longest = max((len(str(n)) for n in names), default=8)
+    fig.subplots_adjust(left=min(0.5, (0.3 + 0.075 * longest) / width), right=0.97,
+                        bottom=min(0.3, 0.75 / height), top=1 - min(0.25, 0.6 / height))
+    return fig
 
 
 def _text(name: str) -> str:
@@ -78,7 +84,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         if (kind in ("activation_grad", "weight_grad") and not lim.per_tensor_scaled and ls is not None
                 and ls.recommended_log2):
             rows.append((f"{lim.name} ×2^{ls.recommended_log2}", lim, ls.recommended_log2))
-    fig = _figure(11, 1.7 + 0.24 * max(len(layers), 3) + 0.2 * len(rows))
+    fig = _figure(11, 1.7 + 0.24 * max(len(layers), 3) + 0.2 * len(rows), [layer.name for layer in layers])
     if not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, f"no {kind} recorded", ha="center", va="center", transform=ax.transAxes)
@@ -95,7 +101,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
             hi = max(hi, lim.emax + 1)
     lo, hi = max(lo - 2, E_LO), min(hi + 2, E_LO + N_BINS)
     window = matrix[:, lo - E_LO:hi - E_LO]
-    grid = fig.add_gridspec(2, 2, height_ratios=[0.2 * len(rows) + 0.15, 0.24 * max(len(layers), 3)],
+    grid = fig.add_gridspec(2, 2, hspace=0.08, wspace=0.02, height_ratios=[0.2 * len(rows) + 0.15, 0.24 * max(len(layers), 3)],
                             width_ratios=[1, 0.018])
     bands = fig.add_subplot(grid[0, 0])
     heat = fig.add_subplot(grid[1, 0], sharex=bands)
@@ -141,7 +147,7 @@ def loss_scale_windows(report, formats=None):
     if len(layers) > MAX_FIGURE_ROWS:   # the ones no shared scale serves first, then in report order
         unserved = set(n for ls in report.loss_scale.values() for n in ls.unserved)
         layers = sorted(layers, key=lambda layer: layer.name not in unserved)[:MAX_FIGURE_ROWS]
-    fig = _figure(4.6 * max(len(limits), 1) + 2.0, 1.9 + 0.26 * max(len(layers), 3))
+    fig = _figure(4.6 * max(len(limits), 1) + 2.0, 2.3 + 0.26 * max(len(layers), 3), [layer.name for layer in layers])
     if not limits or not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "no gradients recorded or no loss-scaled format", ha="center", va="center",
@@ -188,7 +194,7 @@ def loss_scale_windows(report, formats=None):
               "unserved": "usable window of a layer no shared scale serves", "shared": "shared window",
               "recommended": "recommended scale", "one": "scale 1"}
     keys = [k for k in labels if k in handles]
-    fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="outside lower center",
+    fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="lower center",
                ncols=min(len(keys), 3), fontsize=8, frameon=False)
     fig.suptitle("Loss scales 2^s that keep each layer's gradient underflow ≤ "
                  f"{report.settings.underflow_threshold:g} (of nonzero values) without overflow", fontsize=10)

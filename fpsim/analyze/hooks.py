@@ -390,6 +390,8 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
+        if kwargs.get("closure") is None and not args:   # the step's own arithmetic is not the model's
+            self._tracer.intercept(False)
         try:
             with self._tracer.busy():
                 groups = self._params_of(optimizer)
@@ -406,6 +408,8 @@ class Watcher:
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
+        if self._active:
+            self._tracer.intercept(self.ops and self._sampled)
         if not self._active:                     # observation stopped: steps still count (--steps holds)
             if self._attached and self.observation_error is not None:
                 self.step += 1
@@ -433,10 +437,10 @@ class Watcher:
         scaler = self._scaler() if self._scaler is not None else None
         scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
         for name, params in groups:
-            if "optimizer_grad" in self.kinds:
-                grads = [p.grad for p in params if p.grad is not None]
-                if grads:
-                    self._count(name, "optimizer_grad", _flat(grads), unscale=scaled)
+            if "optimizer_grad" in self.kinds:   # per tensor: unchanged since backward, its counts are reused
+                for p in params:
+                    if p.grad is not None:
+                        self._count(name, "optimizer_grad", p.grad, unscale=scaled)
             before = self._snapshots.pop(name, None)
             if before is not None:
                 update = _flat(params) - before
@@ -476,7 +480,7 @@ class Watcher:
 
         row = self._store.row((name, kind), tensor.device)
         cached = self._counted.get(tensor)
-        if cached is not None and cached[0] == unscale:
+        if cached is not None and cached[0] == (unscale, tensor._version):
             _, counts, low, high = cached
         else:
             source = tensor
@@ -489,7 +493,7 @@ class Watcher:
                 tensor = tensor.float() * self._inverse_scale.to(tensor.device)
             counts, low, high = self._counter.count(tensor)
             try:
-                self._counted[source] = (unscale, counts, low, high)
+                self._counted[source] = ((unscale, source._version), counts, low, high)
             except TypeError:
                 pass
         self._store.add(row, counts, low, high, self.step)

@@ -28,6 +28,8 @@ from .verdicts import (GRADIENT_KINDS, INTENDED_INF_OPS, Layer, Settings, Tensor
 SCHEMA = "fpsim.analyze.report/2"
 KIND_ORDER = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
 SEVERITY = {"ok": 0, "loss_scale": 1, "fp32": 2}
+FIGURE_KINDS = ("activation", "activation_grad", "weight_grad")
+"""The heatmaps a report draws (the other kinds are in report.json and in fpsim.analyze.figures)."""
 MAX_FIGURE_ROWS = 64
 """Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
 
@@ -192,7 +194,7 @@ class Report:
         from . import figures
 
         out = {}
-        kinds = [k for k in KIND_ORDER if k != "optimizer_grad" and any(k in layer.tensors for layer in self.layers)]
+        kinds = [k for k in FIGURE_KINDS if any(k in layer.tensors for layer in self.layers)]
         for kind in kinds:
             out[f"magnitudes_{kind}.png"] = lambda kind=kind: figures.magnitude_heatmap(self, kind)
         if any(not lim.per_tensor_scaled for lim in self.limits) and any(

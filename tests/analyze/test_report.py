@@ -105,9 +105,18 @@ def test_summary_table(saved):
     first = table.splitlines()[0].split()
     assert first[:6] == ["layer", "type", "fp16", "bf16", "e4m3", "e5m2"]
     assert "recommended" in table and "GradScaler" in table
-    for layer in report.layers:
-        assert layer.name in table
+    for layer in report.layers:                 # blocks with the same verdicts share a row: body.{2,4}
+        assert layer.name in table or layer.name.split(".")[0] + ".{" in table
     with pytest.raises(KeyError, match="no layer or op 'nope'"):
         report.verdict("nope", "fp16")
     with pytest.raises(KeyError, match="not watched"):
         report.verdict("head", "fp8")
+
+
+def test_rows_of_repeated_blocks_are_merged():
+    from fpsim.analyze.text import grouped
+
+    rows = [("h.0.attn", "Linear", "ok", "1%"), ("h.1.attn", "Linear", "ok", "3%"), ("h.2.attn", "Linear", "fp32", "2%"),
+            ("h.3.attn", "Linear", "ok", "2%"), ("head", "Linear", "ok", "")]
+    assert grouped(rows, tail=1) == [("h.{0-1,3}.attn", "Linear", "ok", "3%"), ("h.2.attn", "Linear", "fp32", "2%"),
+                                     ("head", "Linear", "ok", "")]
