@@ -289,6 +289,11 @@ def cmd_analyze(args) -> int:
         print("fpsim analyze: terminated (SIGTERM)", file=sys.stderr)
         _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
         return TERMINATED_EXIT_CODE
+    except SystemExit as exit_:           # the script's own sys.exit(N): its code, no traceback
+        progress.done()
+        print(f"fpsim analyze: the training script exited with {exit_.code!r}", file=sys.stderr)
+        _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
+        return exit_.code if isinstance(exit_.code, int) else 1
     except BaseException as err:
         progress.done()
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)

@@ -362,8 +362,10 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
 
 
 def _worse_than_module(op, verdicts: dict, limits) -> bool:
-    """An op judges worse than its module's output (or, for a module without an entry, than ok) in some format."""
-    mine, theirs = verdicts[op.name], verdicts.get(op.module, {})
-    return any(SEVERITY[mine[lim.name].verdict] > SEVERITY[theirs[lim.name].verdict if lim.name in theirs
-                                                           else "ok"] for lim in limits)
+    """An op judges worse than its module's output in some format; an op outside every module (the loop's
+    own, such as the loss) when it needs FP32."""
+    mine, theirs = verdicts[op.name], verdicts.get(op.module)
+    if theirs is None:
+        return any(mine[lim.name].verdict == "fp32" for lim in limits)
+    return any(SEVERITY[mine[lim.name].verdict] > SEVERITY[theirs[lim.name].verdict] for lim in limits)
 
