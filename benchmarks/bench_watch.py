@@ -1,13 +1,18 @@
-"""Step time of the demo model with fpsim.watch attached, as a ratio to the same training without it.
+"""Step time with fpsim.watch attached, as a ratio to the same training unobserved, in the same process.
 
-    python benchmarks/bench_watch.py [--steps 40] [--repeats 5] [--threads 1]
+    python benchmarks/bench_watch.py [--models demo,gpt10m,layers500] [--steps 20] [--repeats 3] [--threads 1]
 
-The demo's SensorNet (hidden 256, depth 5, batch 1024, Adam) trains `steps`
-steps from the same initial weights, unobserved, observed every step and
-observed every 10th step, interleaved `repeats` times. Each run's time is its
-mean step time after `warmup` steps; a configuration's time is the fastest
-of its runs (the least disturbed by other work on the machine; the medians
-are printed too). Targets: at most 1.10 every 10 steps, at most 1.5 every step.
+Each model trains `steps` steps from the same initial weights, unobserved,
+observed every step and observed every 10th step (op-level observation, the
+default), interleaved `repeats` times. A run's time is its mean step time
+after `warmup` steps; a configuration's time is the fastest of its runs (the
+least disturbed by other work on the machine; medians are printed too). Then
+`report.save` with figures is timed for a 12-layer GPT's report.
+Targets: every step <= 1.3, every 10 steps <= 1.05, report.save <= 2 s.
+
+Models: the demo's SensorNet (batch 1024, Adam); a 10M-parameter GPT
+(fpsim.analyze.gpt: 6 layers, 384 wide, block 128, batch 8, AdamW); a stack
+of 500 Linear(16, 16) layers with Tanh (batch 64, SGD).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import contextlib
 import copy
 import statistics
+import tempfile
 import time
 
 import torch
@@ -23,49 +29,116 @@ from torch import nn
 
 from fpsim.analyze import watch
 from fpsim.analyze.demo import DEMO_BATCH, SensorNet, sensor_data
+from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
 
 
-def timed_run(model, data, steps: int, warmup: int, every: int | None) -> float:
-    """Mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(every=...)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+def demo_model():
+    data = sensor_data()
     g = torch.Generator().manual_seed(1)
+
+    def batch():
+        i = torch.randint(0, 12288, (DEMO_BATCH,), generator=g)
+        return (data["readings"][i], data["pressure"][i]), data["label"][i]
+
+    torch.manual_seed(0)
+    return "demo model (SensorNet, batch 1024, Adam)", SensorNet(), torch.optim.Adam, batch, nn.functional.cross_entropy
+
+
+def gpt10m():
+    cfg = GPTConfig(vocab_size=65, block_size=128, n_layer=6, n_head=6, n_embd=384)
+    batches = token_batches(cfg, 8, 10**6)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    n = sum(p.numel() for p in model.parameters())
+
+    def loss_fn(logits, y):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    def batch():
+        x, y = next(batches)
+        return (x,), y
+    return f"GPT ({n / 1e6:.1f}M parameters, 6 layers, batch 8 x 128 tokens, AdamW)", model, torch.optim.AdamW, \
+        batch, loss_fn
+
+
+def layers500():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(250) for m in (nn.Linear(16, 16), nn.Tanh())], nn.Linear(16, 16),
+                          *[m for _ in range(249) for m in (nn.Tanh(), nn.Linear(16, 16))])
+    g = torch.Generator().manual_seed(0)
+
+    def batch():
+        return (torch.randn(64, 16, generator=g),), torch.randn(64, 16, generator=g)
+    return "500 Linear(16, 16) layers with Tanh (batch 64, SGD)", model, \
+        lambda params: torch.optim.SGD(params, lr=1e-3), batch, nn.functional.mse_loss
+
+
+MODELS = {"demo": demo_model, "gpt10m": gpt10m, "layers500": layers500}
+
+
+def timed_run(model, make_optimizer, batch, loss_fn, steps: int, warmup: int, every: int | None) -> float:
+    """Mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(every=...)."""
+    optimizer = make_optimizer(model.parameters())
     context = watch(model, every=every) if every else contextlib.nullcontext()
     with context:
         for step in range(warmup + steps):
             if step == warmup:
                 start = time.perf_counter()
-            i = torch.randint(0, 12288, (DEMO_BATCH,), generator=g)
-            loss = nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]), data["label"][i])
+            inputs, target = batch()
+            loss = loss_fn(model(*inputs), target)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
     return (time.perf_counter() - start) / steps
 
 
+def save_time() -> tuple:
+    """Seconds for report.save (with figures) of a 12-layer GPT's report, and its layer count."""
+    cfg = GPTConfig(n_layer=12, n_embd=64, n_head=4, block_size=32)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model) as w:
+        for x, y in token_batches(cfg, 4, 3):
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        report.save(folder)
+        seconds = time.perf_counter() - start
+    return seconds, len([layer for layer in report.layers if not layer.is_op]), len(report.findings)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per run (a multiple of 10)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--models", default="demo,gpt10m,layers500", help=f"comma-separated: {', '.join(MODELS)}")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per run (a multiple of 10)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = sensor_data()
-    torch.manual_seed(0)
-    initial = SensorNet()
     configs = {"unobserved": None, "every step": 1, "every 10 steps": 10}
-    times = {name: [] for name in configs}
-    for _ in range(args.repeats):
-        for name, every in configs.items():
-            times[name].append(timed_run(copy.deepcopy(initial), data, args.steps, args.warmup, every))
-    base, base_median = min(times["unobserved"]), statistics.median(times["unobserved"])
-    print(f"demo model (SensorNet, batch {DEMO_BATCH}), {args.threads} thread(s), {args.steps} steps x "
-          f"{args.repeats} interleaved repeats; step time, fastest run (median run):")
-    for name in configs:
-        t, m = min(times[name]), statistics.median(times[name])
-        print(f"  {name:<16} {t * 1e3:7.1f} ms   ratio {t / base:5.2f}   ({m * 1e3:7.1f} ms, ratio "
-              f"{m / base_median:5.2f})")
-    print("targets: every 10 steps <= 1.10, every step <= 1.5")
+    for key in args.models.split(","):
+        title, initial, make_optimizer, batch, loss_fn = MODELS[key]()
+        times = {name: [] for name in configs}
+        for _ in range(args.repeats):
+            for name, every in configs.items():
+                times[name].append(timed_run(copy.deepcopy(initial), make_optimizer, batch, loss_fn, args.steps,
+                                             args.warmup, every))
+        base, base_median = min(times["unobserved"]), statistics.median(times["unobserved"])
+        print(f"{title}, {args.threads} thread(s), {args.steps} steps x {args.repeats} interleaved repeats; "
+              f"step time, fastest run (median run):")
+        for name in configs:
+            t, m = min(times[name]), statistics.median(times[name])
+            print(f"  {name:<16} {t * 1e3:8.1f} ms   ratio {t / base:5.2f}   ({m * 1e3:8.1f} ms, ratio "
+                  f"{m / base_median:5.2f})")
+    seconds, layers, findings = save_time()
+    print(f"report.save with figures, 12-layer GPT ({layers} layers, {findings} op findings): {seconds:.2f} s")
+    print("targets: every step <= 1.3, every 10 steps <= 1.05, report.save <= 2 s")
 
 
 if __name__ == "__main__":

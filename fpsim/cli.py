@@ -241,16 +241,27 @@ def _analyzer_formats(text: str):
 
 def _print_report(report, paths: dict, out) -> None:
     print(report.summary_table())
-    if paths:
-        print(f"\nreport written to {out}/: " + ", ".join(sorted(os.path.basename(p) for p in paths.values())))
+    _print_written(paths, out)
+
+
+def _print_written(paths: dict, out, error=None, stream=None) -> None:
+    """Say where the report is, only when report.json was really written."""
+    stream = stream or sys.stdout
+    if paths.get("report.json"):
+        print(f"\nreport written to {out}/: " + ", ".join(sorted(os.path.basename(p) for p in paths.values())),
+              file=stream)
+    else:
+        print(f"\nno report was written to {out}/" + (f": {error}" if error else ""), file=stream)
 
 
 def cmd_demo(args) -> int:
     """Train the bundled demo model on generated data, observe it, write and summarise the report."""
     from .analyze.demo import DEMO_STEPS, run_demo
+    from .analyze.runner import check_out
 
     if args.steps is None:
         args.steps = DEMO_STEPS
+    check_out(args.out)
     progress = _Progress("demo", args.steps)
     try:
         report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every,
@@ -265,12 +276,21 @@ def cmd_demo(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    """Observe an unmodified training script (or the demo) and write the report."""
+    """Observe an unmodified training script (or the demo) and write the report.
+
+    Exit codes: 0 done; 2 a usage error (found before the script starts); 1 the
+    script raised (its traceback is printed); 130 Ctrl-C; 143 SIGTERM. In every
+    case but 2 the report so far is written, and its location said.
+    """
+    import traceback
+
+    from .analyze.signals import TERMINATED_EXIT_CODE, Terminated
+
     if args.demo:
         return cmd_demo(args)
     if not args.script:
         raise ValueError("give a training script (fpsim analyze train.py -- ARGS) or --demo")
-    from .analyze.runner import run_script
+    from .analyze.runner import ScriptRun
 
     script_args = list(args.script_args)
     if "--" in script_args:  # fpsim's options may also sit between the script and `--`
@@ -281,27 +301,40 @@ def cmd_analyze(args) -> int:
             _add_analyzer_options(parser, with_modules=True)
             parser.parse_args(options, namespace=args)
     progress = _Progress("analyze", args.steps)
+    run = ScriptRun(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
+                    formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
     try:
-        report, paths = run_script(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
-                                   formats=_analyzer_formats(args.formats), modules=args.modules,
-                                   on_step=progress)
+        report, paths = run.run()
     except KeyboardInterrupt:
         progress.done()
-        print(f"fpsim analyze: interrupted; the report so far is in {args.out}/", file=sys.stderr)
+        print("fpsim analyze: interrupted", file=sys.stderr)
+        _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
         return 130
-    except (ValueError, TypeError, FileNotFoundError):
+    except Terminated:
         progress.done()
-        raise
-    except Exception as err:
+        print("fpsim analyze: terminated (SIGTERM)", file=sys.stderr)
+        _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
+        return TERMINATED_EXIT_CODE
+    except SystemExit as exit_:           # the script's own sys.exit(N): its code, no traceback
         progress.done()
-        print(f"fpsim analyze: the training script raised {type(err).__name__}: {err}\n"
-              f"the report so far is in {args.out}/", file=sys.stderr)
+        print(f"fpsim analyze: the training script exited with {exit_.code!r}", file=sys.stderr)
+        _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException as err:
+        progress.done()
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        print(f"fpsim analyze: the training script raised {type(err).__name__}: {err}", file=sys.stderr)
+        _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
         return 1
     progress.done()
-    if report is None:
-        print("fpsim analyze: nothing was observed", file=sys.stderr)
+    if report is None or not report.layers:
+        print("fpsim analyze: nothing was observed (no module ran a forward pass with gradients enabled)",
+              file=sys.stderr)
+        _print_written(paths, args.out, run.watcher.save_error, sys.stderr)
         return 1
     _print_report(report, paths, args.out)
+    if not paths.get("report.json"):
+        return 1
     return 0
 
 

@@ -19,14 +19,40 @@ import numpy as np
 from .histogram import E_LO, N_BINS
 
 _KIND_TITLES = {"activation": "Activations (module outputs)", "activation_grad": "Activation gradients",
-                "weight": "Weights", "weight_grad": "Weight gradients", "update": "Optimizer updates"}
+                "weight": "Weights", "weight_grad": "Weight gradients (as backward produced them)",
+                "optimizer_grad": "Weight gradients as the optimizer used them", "update": "Optimizer updates"}
 _FORMAT_COLOURS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, names=()):
+    """A Figure with fixed margins (constrained layout would cost most of the drawing time); the left one
+    fits the longest row label."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height))
+    longest = max((len(str(n)) for n in names), default=8)
+    fig.subplots_adjust(left=min(0.5, (0.3 + 0.075 * longest) / width), right=0.97,
+                        bottom=min(0.3, 0.75 / height), top=1 - min(0.25, 0.6 / height))
+    return fig
+
+
+def _text(name: str) -> str:
+    """A name as matplotlib text: a '$' would start mathtext."""
+    return str(name).replace("$", r"\$")
+
+
+def _most_affected(report, layers: list, kind: str, limit: int) -> list:
+    """At most `limit` layers, those losing most to underflow or overflow in the first format, in report order."""
+    if len(layers) <= limit or not report.limits:
+        return layers
+    lim = report.limits[0]
+
+    def loss(layer):
+        t = layer.tensors[kind]
+        return t.underflow_fraction(lim, 0) + (1.0 if t.overflows(lim, 0) else 0.0)
+
+    keep = {id(layer) for layer in sorted(layers, key=loss, reverse=True)[:limit]}
+    return [layer for layer in layers if id(layer) in keep]
 
 
 def _colour(report, name: str) -> str:
@@ -45,7 +71,11 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     """
     from matplotlib.colors import LogNorm
 
+    from .report import MAX_FIGURE_ROWS
+
     layers = [layer for layer in report.layers if kind in layer.tensors and layer.tensors[kind].nonzero]
+    shown_all = len(layers)
+    layers = _most_affected(report, layers, kind, MAX_FIGURE_ROWS)
     limits = [lim for lim in report.limits if formats is None or lim.name in formats]
     rows = []
     for lim in limits:
@@ -54,7 +84,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         if (kind in ("activation_grad", "weight_grad") and not lim.per_tensor_scaled and ls is not None
                 and ls.recommended_log2):
             rows.append((f"{lim.name} ×2^{ls.recommended_log2}", lim, ls.recommended_log2))
-    fig = _figure(11, 1.7 + 0.24 * max(len(layers), 3) + 0.2 * len(rows))
+    fig = _figure(11, 1.7 + 0.24 * max(len(layers), 3) + 0.2 * len(rows), [layer.name for layer in layers])
     if not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, f"no {kind} recorded", ha="center", va="center", transform=ax.transAxes)
@@ -71,7 +101,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
             hi = max(hi, lim.emax + 1)
     lo, hi = max(lo - 2, E_LO), min(hi + 2, E_LO + N_BINS)
     window = matrix[:, lo - E_LO:hi - E_LO]
-    grid = fig.add_gridspec(2, 2, height_ratios=[0.2 * len(rows) + 0.15, 0.24 * max(len(layers), 3)],
+    grid = fig.add_gridspec(2, 2, hspace=0.08, wspace=0.02, height_ratios=[0.2 * len(rows) + 0.15, 0.24 * max(len(layers), 3)],
                             width_ratios=[1, 0.018])
     bands = fig.add_subplot(grid[0, 0])
     heat = fig.add_subplot(grid[1, 0], sharex=bands)
@@ -80,7 +110,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     image = heat.imshow(masked, norm=LogNorm(vmin=1e-6, vmax=1), cmap="viridis", aspect="auto",
                         interpolation="nearest", extent=(lo, hi, len(layers), 0))
     heat.set_facecolor("#f2f2f2")
-    heat.set_yticks(np.arange(len(layers)) + 0.5, [layer.name for layer in layers], fontsize=8)
+    heat.set_yticks(np.arange(len(layers)) + 0.5, [_text(layer.name) for layer in layers], fontsize=8)
     heat.set_xlabel("log2 |value|   (bin e holds 2^e ≤ |x| < 2^(e+1))")
     heat.set_xlim(lo, hi)
     cbar = fig.colorbar(image, cax=bar_axis)
@@ -98,7 +128,8 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     bands.set_yticks(np.arange(len(rows)) + 0.5, [r[0] for r in rows[::-1]], fontsize=8)
     bands.set_ylim(0, len(rows))
     bands.tick_params(axis="x", labelbottom=False)
-    bands.set_title(f"{_KIND_TITLES.get(kind, kind)}: where each layer's values lie, and what each format "
+    more = f" ({len(layers)} of {shown_all} layers: the most affected)" if len(layers) < shown_all else ""
+    bands.set_title(f"{_KIND_TITLES.get(kind, kind)}{more}: where each layer's values lie, and what each format "
                     f"keeps\n(bars: light = subnormal, dark = normal range; dashed: flush-to-zero and overflow "
                     f"edges at scale 1)", fontsize=9.5)
     bands.grid(axis="x", alpha=0.3)
@@ -110,8 +141,13 @@ def loss_scale_windows(report, formats=None):
     """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice."""
     limits = [lim for lim in report.limits
               if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
+    from .report import MAX_FIGURE_ROWS
+
     layers = [layer for layer in report.layers if any(k in layer.tensors for k in ("activation_grad", "weight_grad"))]
-    fig = _figure(4.6 * max(len(limits), 1) + 2.0, 1.9 + 0.26 * max(len(layers), 3))
+    if len(layers) > MAX_FIGURE_ROWS:   # the ones no shared scale serves first, then in report order
+        unserved = set(n for ls in report.loss_scale.values() for n in ls.unserved)
+        layers = sorted(layers, key=lambda layer: layer.name not in unserved)[:MAX_FIGURE_ROWS]
+    fig = _figure(4.6 * max(len(limits), 1) + 2.0, 2.3 + 0.26 * max(len(layers), 3), [layer.name for layer in layers])
     if not limits or not layers:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "no gradients recorded or no loss-scaled format", ha="center", va="center",
@@ -152,13 +188,13 @@ def loss_scale_windows(report, formats=None):
             title = f"{lim.name}: recommended 2^{ls.recommended_log2} (window 2^{ls.min_log2}..2^{ls.max_log2})"
         ax.set_title(title, fontsize=9.5)
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(range(len(layers)), [layer.name for layer in layers], fontsize=8)
+    axes[0].set_yticks(range(len(layers)), [_text(layer.name) for layer in layers], fontsize=8)
     axes[0].set_ylim(len(layers) - 0.5, -0.5)
     labels = {"served": "usable window of a layer the shared scale serves",
               "unserved": "usable window of a layer no shared scale serves", "shared": "shared window",
               "recommended": "recommended scale", "one": "scale 1"}
     keys = [k for k in labels if k in handles]
-    fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="outside lower center",
+    fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="lower center",
                ncols=min(len(keys), 3), fontsize=8, frameon=False)
     fig.suptitle("Loss scales 2^s that keep each layer's gradient underflow ≤ "
                  f"{report.settings.underflow_threshold:g} (of nonzero values) without overflow", fontsize=10)

@@ -1,16 +1,21 @@
-"""`fpsim.watch`: attach to a training run and count every layer's tensors on a log2 scale.
+"""`fpsim.watch`: attach to a training run and count every op's and every layer's tensors on a log2 scale.
 
-Forward hooks count module outputs (`activation`) and hang a tensor hook on
-each output to count its gradient (`activation_grad`). Optimizer step hooks
-count the parameters (`weight`), their gradients as the optimizer sees them
-(`weight_grad`: accumulated, all-reduced, clipped, unscaled) and the change
-the step makes (`update`, from a copy taken just before the step). Hooks
-never modify a tensor, never read a value back to the host, and never raise
-into the run: the first error is reported with warnings.warn and observation
-stops while training goes on.
+Through fpsim.trace, every floating-point tensor an op produces is counted
+under its site `Module.name:op`: forward outputs as `activation`, their
+gradients, as backward produced them, as `activation_grad`, each in the
+dtype it really ran in (autocast). Module outputs of the recorded
+modules are counted as before (`activation`, and their gradients through a
+hook on the output tensor, never on a leaf); a tensor already counted as an
+op output is not counted twice. Parameter hooks count weight gradients as
+backward produced them (`weight_grad`, before accumulation, clipping and
+unscaling); optimizer step hooks count the weights (`weight`), the gradients
+the optimizer used (`optimizer_grad`) and the change it made (`update`).
+Under a GradScaler, backward tensors are divided by the scale they carry, so
+an AMP run is judged as the same model in FP32.
 
-A step is one optimizer step that follows a forward pass of the watched
-model; with `every=N` only steps 0, N, 2N, ... are counted.
+Hooks never modify a tensor, never read a value back to the host, and never
+raise into the run: the first error is reported with warnings.warn,
+observation stops while training (and step counting) goes on.
 """
 
 from __future__ import annotations
@@ -19,19 +24,23 @@ import time
 import warnings
 import weakref
 
+from ..trace import OUTSIDE, ModuleNames, Tracer, unwrap
 from .histogram import Log2Counter
 from .limits import resolve_formats
+from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
+from .signals import Terminated, deferred_signals
 from .store import Store
 
-KINDS = ("activation", "activation_grad", "weight", "weight_grad", "update")
+KINDS = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
 """The tensor kinds a watch can record."""
 DEFAULT_FORMATS = ("fp16", "bf16", "e4m3", "e5m2")
 MODULE_PRESETS = ("params", "leaves", "all")
 """modules=: "params" (the default, also None): the modules holding parameters of their own; "leaves":
 those, every module without children (activation functions, dropout, ...) and the model itself; "all":
 every module."""
-REPLICATED_KINDS = ("weight", "weight_grad", "update")
+REPLICATED_KINDS = ("weight", "optimizer_grad", "update")
 """Identical on every rank under DDP: taken from rank 0, not summed."""
+LOW_PRECISION = ("torch.float16", "torch.bfloat16")
 
 
 class StopRun(BaseException):
@@ -51,71 +60,76 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
 
     formats: names or fpsim.Format objects (signed, with a zero).
     kinds: which of KINDS to record (default all).
-    modules: "params" (default; None too): every module holding parameters of
-        its own (the layers); "leaves": those, every module without children
-        (activation functions, ...) and the model itself; "all": every module;
-        or a sequence of qualified names (as in model.named_modules(); the
-        model itself by its class name) and module types.
+    modules: which modules get a layer entry of their own: "params" (default;
+        None too): every module holding parameters of its own; "leaves": those,
+        every module without children and the model itself; "all"; or a
+        sequence of qualified names (as in model.named_modules(); the model
+        itself by its class name) and module types.
+    ops: observe every op (default True); False: module outputs only (cheaper).
     every: count steps 0, N, 2N, ... only.
     optimizer: hook this optimizer only (default: any optimizer stepping the
         model's parameters).
-    underflow_threshold: the largest tolerated fraction of nonzero values
-        flushed to zero (default 1e-3), for the verdicts.
-    fp8_margin: binades of headroom below max for the per-tensor (FP8) scales.
-    scale_range: (lo, hi), the log2 loss scales searched (default (-32, 64)).
+    underflow_threshold, fp8_margin, scale_range: what the verdicts tolerate.
     out: a directory; when given, the report is written there when the block
         ends, also when the run raises or is interrupted.
     on_step: called with the step number after each step (progress displays).
-    step_capacity: how many per-step gradient amax entries to keep (default
-        65536; beyond, neighbouring steps merge by max).
+    step_capacity: how many per-step gradient amax entries to keep.
     """
     return Watcher(model, formats, **options)
 
 
 class Watcher:
-    """The state of one observation: hooks, accumulators, step counter."""
+    """The state of one observation: tracer, hooks, accumulators, step counter."""
 
-    def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, every: int = 1,
-                 optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
+    def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, ops: bool = True,
+                 every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
                  scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536):
         import torch
+        from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (count every N-th step), got {every!r}")
+        if not isinstance(ops, bool):
+            raise TypeError(f"ops must be True or False, got {ops!r}")
         from .verdicts import Settings
 
         self.settings = Settings.checked(underflow_threshold, fp8_margin, scale_range)
-        if model is not None:
-            model = _unwrap(model)
-            if not isinstance(model, torch.nn.Module):
-                raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
+        if model is not None and not isinstance(unwrap(model), torch.nn.Module):
+            raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {on_step!r}")
-        self.every = every
-        self.out = out
-        self.on_step = on_step
+        self.every, self.ops, self.out, self.on_step = every, ops, out, on_step
         self.model = model
         self._optimizer = optimizer
-        self._module_filter = modules
+        self._spec = _check_modules(modules)
         self._store = Store(len(self.limits), step_capacity)
         self._counter = Log2Counter()
-        self._names: dict = {}         # module -> record name (selected modules)
-        self._known: dict = {}         # module -> qualified name (every module seen, global mode)
-        self._types: dict = {}         # record name -> module class name
-        self._param_owner: dict = {}   # parameter -> record name
-        self._roots: dict = {}         # label -> root module (global mode)
-        self._optimizer_params = weakref.WeakKeyDictionary()  # optimizer -> its parameters by module
+        self.names = ModuleNames()
+        self._tracer = Tracer(self, self.names)
+        self._recorded = weakref.WeakKeyDictionary()   # module -> record name, or None when not recorded
+        self._types: dict = {}                          # record name -> module class name, or "op"
+        self._hidden: set = set()                       # module records outside the selection (ops compare)
+        self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
+        self.tied: dict = {}                            # record name -> record names sharing its parameters
+        self._param_handles: list = []
+        self._counted = WeakIdKeyDictionary()           # tensor -> its counts this step (no double counting)
+        self._dtypes: dict = {}                         # record name -> {dtype: tensors}
+        self.autocast: dict = {}                        # device type -> autocast dtype seen
+        self._optimizer_params = weakref.WeakKeyDictionary()
         self._snapshots: dict = {}
         self._handles: list = []
-        self._optimizer_handles: list = []
+        self._scalers = None
+        self._scaler = None                              # the GradScaler that scaled this step's backward
+        self._inverse_scale = None
         self.step = 0
         self.steps_observed = 0
         self._sampled = True
         self._forward_since_step = False
+        self._stepped_since_update = False
         self._active = False
         self._attached = False
         self.status = "running"
@@ -125,230 +139,314 @@ class Watcher:
         self.elapsed = 0.0
         self.last_report = None
         self.saved_paths: dict = {}
+        self.save_error = None
         self._rank, self._world = 0, 1
         if model is not None:
-            self._select(model, _label(model))
-        # update lost in format f when field_u <= max(field_w, emin_f + 127) - (man_bits_f + 2)
+            self._label = type(unwrap(model)).__name__
+            self.names.add_root(model, self._label, prefix_label=False)
+            self._check_names(unwrap(model))
         self._lost_thresholds = [(lim.emin + 127, lim.fmt.man_bits + 2) for lim in self.limits]
         self._lost_matrices: dict = {}
 
     # --------------------------------------------------------------- naming
-    def _select(self, root, label: str) -> None:
-        """Name every module under `root` and pick the ones to record (fails on unknown names)."""
+    def _check_names(self, core) -> None:
+        """Module names given in modules= must exist in the model (fails at watch(), before training)."""
+        if isinstance(self._spec, str) or self._spec is None:
+            return
+        known = {name for name, _ in core.named_modules()}
+        missing = [n for n in self._spec if isinstance(n, str) and n not in known and n != self._label]
+        if missing:
+            raise ValueError(f"no module named {missing[0]!r} in the model; the modules are: "
+                             f"{', '.join(sorted(k for k in known if k))}")
+
+    def _refresh(self) -> None:
+        """Decide, for modules named since last time, whether they get a record (and hook their parameters)."""
         import torch
 
-        core = _unwrap(root)
-        wrapper = core is not root  # DDP / DataParallel seen by the global hooks: name the inside
-        named = []
-        for name, mod in root.named_modules():
-            if wrapper:
-                name = name[len("module."):] if name.startswith("module.") else ("" if name == "module" else name)
-            named.append((label if not name else (name if self.model is root else f"{label}.{name}"), mod))
-        spec = self._module_filter
-        if spec is None or spec in MODULE_PRESETS:
-            def wanted(mod) -> bool:
-                if wrapper and mod is root:
-                    return False
-                if spec == "all" or any(True for _ in mod.parameters(recurse=False)):
-                    return True
-                return spec == "leaves" and (mod is core or not any(True for _ in mod.children()))
-            chosen = {mod for _, mod in named if wanted(mod)}
-        else:
-            if isinstance(spec, (str, type)):
-                spec = [spec]
-            if not isinstance(spec, (list, tuple, set, frozenset)):
-                raise TypeError(f"modules must be one of {', '.join(MODULE_PRESETS)}, a module name or type, or a "
-                                f"sequence of them; got {type(spec).__name__} {spec!r}")
-            names = [s for s in spec if isinstance(s, str)]
-            types = [s for s in spec if isinstance(s, type)]
-            bad = [s for s in spec if not isinstance(s, (str, type))]
-            if bad:
-                raise TypeError(f"modules holds {bad[0]!r}; give qualified names (str) or module types")
-            bad_types = [t for t in types if not issubclass(t, torch.nn.Module)]
-            if bad_types:
-                raise TypeError(f"modules holds {bad_types[0]!r}, which is not a torch.nn.Module type")
-            known = {qual for qual, _ in named}
-            missing = [n for n in names if n not in known and not (n == "" and self.model is root)]
-            if missing and self.model is not None:
-                listing = ", ".join(sorted(known))
-                raise ValueError(f"no module named {missing[0]!r} in the model; the modules are: {listing}")
-            chosen = {mod for qual, mod in named
-                      if qual in names or (mod is core and "" in names) or isinstance(mod, tuple(types))}
-        for qual, mod in named:
-            if mod in self._known:
+        pending, self.names.new_names = self.names.new_names, []
+        spec = self._spec
+        for module, name in pending:
+            if type(module).__name__ in ("DistributedDataParallel", "DataParallel", "OptimizedModule",
+                                         "FullyShardedDataParallel"):
+                self._recorded[module] = None
                 continue
-            self._known[mod] = qual
-            if mod in chosen:
-                self._names[mod] = qual
-                self._types[qual] = type(mod).__name__
-                for p in mod.parameters(recurse=False):
-                    self._param_owner.setdefault(p, qual)
-
-    def _adopt(self, module) -> None:
-        """Global mode: a module called for the first time, outside any known model, is a root."""
-        base = type(_unwrap(module)).__name__
-        label, n = base, 2
-        while label in self._roots:
-            label = f"{base}#{n}"
-            n += 1
-        self._roots[label] = module
-        self._select(module, label)
+            own = list(module.parameters(recurse=False)) if not isinstance(module, torch.jit.ScriptModule) \
+                else []
+            if spec is None or spec == "params":
+                wanted = bool(own)
+            elif spec == "all":
+                wanted = True
+            elif spec == "leaves":
+                wanted = bool(own) or not any(True for _ in module.children()) or self.names.is_root(name)
+            else:
+                short = name if self.model is not None else name.partition(".")[2]
+                wanted = short in spec or name in spec or isinstance(module, tuple(s for s in spec
+                                                                                   if isinstance(s, type)))
+            if not wanted and not self.ops:
+                self._recorded[module] = None
+                continue
+            self._recorded[module] = name       # with ops, every module's output is kept to compare its ops with
+            self._types[name] = type(module).__name__
+            if not wanted:
+                self._hidden.add(name)
+                continue
+            self._hidden.discard(name)
+            for p in own:
+                owner = self._param_owner.get(p)
+                if owner is not None:
+                    self.tied.setdefault(owner, []).append(name)
+                    self.tied.setdefault(name, []).append(owner)
+                    continue
+                self._param_owner[p] = name
+                if "weight_grad" in self.kinds and p.requires_grad:
+                    self._param_handles.append(p.register_hook(self._param_grad_hook(name)))
 
     # --------------------------------------------------------- attach/detach
     def attach(self) -> "Watcher":
         import torch
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
         if self._attached:
             raise RuntimeError("this watch is already attached; a Watcher observes one run")
         self._attached = True
-        self._active = True
-        self.started = time.perf_counter()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        if self.model is None:
-            self._handles.append(nn_module.register_module_forward_pre_hook(self._on_forward_pre_global))
-            self._handles.append(nn_module.register_module_forward_hook(self._on_forward))
-        else:
-            hooked = set(self._names) | {self.model}
-            for mod in hooked:
-                self._handles.append(mod.register_forward_hook(self._on_forward))
-        if self._optimizer is not None:
-            self._optimizer_handles += [self._optimizer.register_step_pre_hook(self._on_step_pre),
-                                        self._optimizer.register_step_post_hook(self._on_step_post)]
-        else:
-            self._optimizer_handles += [optim_module.register_optimizer_step_pre_hook(self._on_step_pre),
-                                        optim_module.register_optimizer_step_post_hook(self._on_step_post)]
+        try:
+            self.started = time.perf_counter()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            self._refresh()
+            self._tracer.attach()
+            if self._optimizer is not None:
+                self._handles += [self._optimizer.register_step_pre_hook(self._on_step_pre),
+                                  self._optimizer.register_step_post_hook(self._on_step_post)]
+            else:
+                self._handles += [optim_module.register_optimizer_step_pre_hook(self._on_step_pre),
+                                  optim_module.register_optimizer_step_post_hook(self._on_step_post)]
+            self._scalers = ScalerWatch(self)
+            self._active = True
+            self._tracer.intercept(self.ops)
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
-        """Detach every hook (idempotent); the counts stay for report()."""
+        """Detach every hook and the op interception (idempotent); the counts stay for report()."""
         self._active = False
-        for handle in self._handles + self._optimizer_handles:
+        self._tracer.close()
+        for handle in self._handles + self._param_handles:
             handle.remove()
-        self._handles, self._optimizer_handles = [], []
+        self._handles, self._param_handles = [], []
+        if self._scalers is not None:
+            self._scalers.restore()
         self._snapshots.clear()
-        if self.started is not None:
+        self._counted = type(self._counted)()
+        if self.started is not None and self._attached:
             self.elapsed = time.perf_counter() - self.started
 
     def __enter__(self) -> "Watcher":
         return self.attach()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.close()
-        if exc_type is None:
-            self.status = "completed"
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.status, self.error = "interrupted", "KeyboardInterrupt"
-        elif issubclass(exc_type, StopRun):
-            self.status = "stopped"
-        elif issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0):
-            self.status = "completed"
-        else:
-            self.status, self.error = "error", f"{exc_type.__name__}: {exc}"
-        if self.out is not None:
-            try:
-                self.last_report = self.report()
-                self.saved_paths = self.last_report.save(self.out)
-            except Exception as err:  # never mask the run's own exception
-                if exc_type is None:
-                    raise
-                warnings.warn(f"fpsim.watch: could not write the report to {self.out}: {err}", RuntimeWarning)
+        with deferred_signals():          # a second Ctrl-C or a SIGTERM waits until the report is written
+            self.close()
+            self.status, self.error = run_status(exc_type, exc)
+            if self.out is not None:
+                self.write_report(self.out)
         return False
 
+    def write_report(self, out) -> dict:
+        """Build and save the report into `out` (report.json first); {} and `save_error` set when it failed."""
+        try:
+            self.last_report = self.report()
+            self.saved_paths = self.last_report.save(out)
+        except Exception as err:  # never mask the run's own end
+            self.save_error = f"{type(err).__name__}: {err}"
+            self.saved_paths = getattr(err, "written", {})
+            warnings.warn(f"fpsim.watch: could not write the whole report to {out}: {self.save_error}",
+                          RuntimeWarning)
+        return self.saved_paths
+
     def _fail(self, err: BaseException) -> None:
-        """First error inside a hook: say so once, stop observing, let training go on."""
+        """First error inside a hook: say so once, stop observing, let training (and step counting) go on."""
         if not self._active:
             return
         self._active = False
         self.observation_error = f"{type(err).__name__}: {err}"
         warnings.warn(f"fpsim.watch: observation stopped after an error in its hook ({self.observation_error}); "
                       f"training continues unobserved", RuntimeWarning, stacklevel=3)
-        # module hooks can go now; optimizer hooks are removed by close() (torch may be iterating them)
-        for handle in self._handles:
+        self._tracer.intercept(False)
+        for handle in self._param_handles:
             handle.remove()
-        self._handles = []
+        self._param_handles = []
         self._snapshots.clear()
 
-    # ----------------------------------------------------------------- hooks
-    def _on_forward_pre_global(self, module, args):
-        if self._active and module not in self._known:
-            try:
-                self._adopt(module)
-            except Exception as err:
-                self._fail(err)
+    # ------------------------------------------------------- tracer client
+    def forward_op(self, site, outputs):
+        if not self._active or not self._sampled or "activation" not in self.kinds:
+            return None
+        try:
+            import torch
 
-    def _on_forward(self, module, args, output):
+            if not torch.is_grad_enabled():
+                return None
+            if site.module == OUTSIDE and not self._forward_since_step:
+                return None                       # before the model ran: data preparation, not training
+            name = site.name
+            if name not in self._types:
+                self._types[name] = "op"
+            for t in outputs:
+                self._count(name, "activation", t)
+                self._note_dtype(name, t)
+        except Exception as err:
+            self._fail(err)
+        return None
+
+    def backward_op(self, site, outputs):
+        return None                               # gradients are counted at the outputs they belong to
+
+    def output_grad(self, site, grads):
+        if not self._active or not self._sampled or "activation_grad" not in self.kinds:
+            return
+        try:
+            for g in grads:
+                self._count(site.name, "activation_grad", g, unscale=True)
+        except Exception as err:
+            self._fail(err)
+
+    def module_output(self, name, module, output):
         if not self._active:
             return
         try:
             import torch
 
             self._forward_since_step = True
-            name = self._names.get(module)
-            if name is None or not self._sampled or not torch.is_grad_enabled():
+            if self.names.new_names:
+                self._refresh()
+            record = self._recorded.get(module)
+            if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
+            self._note_autocast()
             for t in _float_tensors(output):
                 if "activation" in self.kinds:
-                    self._count(name, "activation", t)
-                if "activation_grad" in self.kinds and t.requires_grad:
-                    t.register_hook(self._gradient_hook(name))
+                    self._count(record, "activation", t)
+                if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(self._gradient_hook(record))   # dies with the tensor: never on a leaf
         except Exception as err:
             self._fail(err)
 
+    def _note_dtype(self, name: str, t) -> None:
+        seen = self._dtypes.setdefault(name, {})
+        key = str(t.dtype)
+        seen[key] = seen.get(key, 0) + 1
+
+    def _note_autocast(self) -> None:
+        import torch
+
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device):
+                self.autocast[device] = str(torch.get_autocast_dtype(device)).replace("torch.", "")
+
+    # ---------------------------------------------------------------- hooks
     def _gradient_hook(self, name: str):
         def on_gradient(grad):
-            if self._active:
+            if self._active and self._sampled:
                 try:
-                    self._count(name, "activation_grad", grad)
+                    with self._tracer.busy():
+                        self._count(name, "activation_grad", grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient
 
-    def _on_step_pre(self, optimizer, args, kwargs):
+    def _param_grad_hook(self, name: str):
+        def on_gradient(grad):
+            if self._active and self._sampled:
+                try:
+                    with self._tracer.busy():
+                        self._count(name, "weight_grad", grad, unscale=True)
+                except Exception as err:
+                    self._fail(err)
+        return on_gradient
+
+    def _on_scale(self, scaler) -> None:
+        """A GradScaler scaled a loss: this step's backward tensors carry its scale."""
         if not self._active:
             return
         try:
-            groups = self._params_of(optimizer)
-            if not groups or not self._sampled:
-                return
-            for name, params in groups:
-                weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
-                if "weight" in self.kinds:
-                    self._count(name, "weight", weights)
-                if "weight_grad" in self.kinds:
-                    grads = [p.grad for p in params if p.grad is not None]
-                    if grads:
-                        self._count(name, "weight_grad", _flat(grads))
-                if "update" in self.kinds:
-                    self._snapshots[name] = weights
+            with self._tracer.busy():
+                self._scaler = weakref.ref(scaler)
+                self._inverse_scale = inverse_scale(scaler)
+        except Exception as err:
+            self._fail(err)
+
+    def _on_scaler_update(self, record, scale: float, skipped: bool) -> None:
+        """GradScaler.update: the step ends here when the scaler skipped optimizer.step()."""
+        if skipped and self._forward_since_step and not self._stepped_since_update:
+            self._end_step()
+            if self.on_step is not None:
+                self.on_step(self.step)
+        record.record(self.step - 1, scale, skipped)
+        self._stepped_since_update = False
+
+    def _on_step_pre(self, optimizer, args, kwargs):
+        if not self._active:
+            return
+        if kwargs.get("closure") is None and not args:   # the step's own arithmetic is not the model's
+            self._tracer.intercept(False)
+        try:
+            with self._tracer.busy():
+                groups = self._params_of(optimizer)
+                if not groups or not self._sampled:
+                    return
+                for name, params in groups:
+                    weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
+                    if "weight" in self.kinds:
+                        self._count(name, "weight", weights)
+                    if "update" in self.kinds:
+                        self._snapshots[name] = weights
         except Exception as err:
             self._fail(err)
 
     def _on_step_post(self, optimizer, args, kwargs):
-        if not self._active:
+        self._stepped_since_update = True
+        if self._active:
+            self._tracer.intercept(self.ops and self._sampled)
+        if not self._active:                     # observation stopped: steps still count (--steps holds)
+            if self._attached and self.observation_error is not None:
+                self.step += 1
+                if self.on_step is not None:
+                    self.on_step(self.step)
             return
         try:
-            groups = self._params_of(optimizer)
-            if not groups:
-                return
-            if self._sampled and "update" in self.kinds:
-                for name, params in groups:
-                    before = self._snapshots.pop(name, None)
-                    if before is not None:
-                        update = _flat(params) - before
-                        row, counts = self._count(name, "update", update)
-                        if counts is not None:
-                            self._store.add_lost(row, self._lost_updates(update, before, counts))
-            if not self._forward_since_step:
-                return
-            self._end_step()
+            with self._tracer.busy():
+                groups = self._params_of(optimizer)
+                if not groups:
+                    return
+                if self._sampled:
+                    self._count_optimizer_side(optimizer, groups)
+                if not self._forward_since_step:
+                    return
+                self._end_step()
         except Exception as err:
             self._fail(err)
-            return
+            self.step += 1
         if self.on_step is not None:
             self.on_step(self.step)
+
+    def _count_optimizer_side(self, optimizer, groups) -> None:
+        """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
+        scaler = self._scaler() if self._scaler is not None else None
+        scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
+        for name, params in groups:
+            if "optimizer_grad" in self.kinds:   # per tensor: unchanged since backward, its counts are reused
+                for p in params:
+                    if p.grad is not None:
+                        self._count(name, "optimizer_grad", p.grad, unscale=scaled)
+            before = self._snapshots.pop(name, None)
+            if before is not None:
+                update = _flat(params) - before
+                row, counts = self._count(name, "update", update)
+                if counts is not None:
+                    self._store.add_lost(row, self._lost_updates(update, before, counts))
 
     def advance(self) -> None:
         """End the current step by hand (for loops without a torch.optim optimizer)."""
@@ -361,23 +459,43 @@ class Watcher:
             self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self._sampled:
             self.steps_observed += 1
-        self._store.flush(self.step)
+        with self._tracer.busy():
+            self._store.flush(self.step)
+        self._counted = type(self._counted)()
+        self._tracer.forget_graph()
+        self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0
         self._forward_since_step = False
+        if self._active:
+            self._tracer.intercept(self.ops and self._sampled)
 
     # -------------------------------------------------------------- counting
-    def _count(self, name: str, kind: str, tensor):
-        """Queue a tensor's counts under (name, kind); (row, counts or None when empty)."""
+    def _count(self, name: str, kind: str, tensor, unscale: bool = False):
+        """Queue a tensor's counts under (name, kind); (row, counts or None when empty).
+
+        unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
+        """
         import torch
 
-        tensor = tensor.detach()
-        if tensor.layout != torch.strided:
-            tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
         row = self._store.row((name, kind), tensor.device)
-        if not tensor.numel():
-            return row, None
-        counts, low, high = self._counter.count(tensor)
+        cached = self._counted.get(tensor)
+        if cached is not None and cached[0] == (unscale, tensor._version):
+            _, counts, low, high = cached
+        else:
+            source = tensor
+            tensor = tensor.detach()
+            if tensor.layout != torch.strided:
+                tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
+            if not tensor.numel():
+                return row, None
+            if unscale and self._inverse_scale is not None:
+                tensor = tensor.float() * self._inverse_scale.to(tensor.device)
+            counts, low, high = self._counter.count(tensor)
+            try:
+                self._counted[source] = ((unscale, source._version), counts, low, high)
+            except TypeError:
+                pass
         self._store.add(row, counts, low, high, self.step)
         return row, counts
 
@@ -423,6 +541,8 @@ class Watcher:
 
     def _params_of(self, optimizer) -> list:
         """[(record name, [parameters])] for the optimizer's parameters that belong to recorded modules."""
+        if self.names.new_names:
+            self._refresh()
         groups = optimizer.param_groups
         size = sum(len(g["params"]) for g in groups)
         cached = self._optimizer_params.get(optimizer)
@@ -438,6 +558,37 @@ class Watcher:
         return cached[2]
 
     # ---------------------------------------------------------------- report
+    def precision(self) -> dict:
+        """What the run computed in: autocast dtypes, ops per dtype, and what every real GradScaler did."""
+        ops: dict = {}
+        for name, dtypes in self._dtypes.items():
+            for dtype, n in dtypes.items():
+                ops[dtype.replace("torch.", "")] = ops.get(dtype.replace("torch.", ""), 0) + n
+        scalers = [r.to_dict() for r in self._scalers.records.values()] if self._scalers is not None else []
+        return {"autocast": dict(self.autocast), "op_outputs_by_dtype": ops, "grad_scalers": scalers,
+                "unscaled": bool(scalers)}
+
+    def notes(self) -> list:
+        """What could not be observed, or needs saying, in words."""
+        notes = []
+        for name in sorted(set(self.names.compiled)):
+            notes.append(f"{name} ran under torch.compile: its fused kernels are not seen; only the library "
+                         f"kernels compiled code calls (matmuls) are, attributed to {name}, and module outputs "
+                         f"inside it are not recorded")
+        for name in sorted(set(self.names.scripted)):
+            notes.append(f"{name} is TorchScript: its ops are attributed to {name} itself; its submodules are not "
+                         f"seen separately and get no hooks")
+        done = set()
+        for name, others in self.tied.items():
+            group = tuple(sorted({name, *others}))
+            if group not in done:
+                done.add(group)
+                notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
+                             f"under {group[0] if group[0] in self._types else name}")
+        if self._tracer.error is not None:
+            notes.append(f"module naming failed once: {self._tracer.error}")
+        return notes
+
     def report(self, *, underflow_threshold=None, fp8_margin=None, scale_range=None):
         """Statistics and verdicts so far (also mid-run, also after a failure); a `Report`.
 
@@ -453,10 +604,11 @@ class Watcher:
             self.settings.underflow_threshold if underflow_threshold is None else underflow_threshold,
             self.settings.fp8_margin if fp8_margin is None else fp8_margin,
             self.settings.scale_range if scale_range is None else scale_range)
-        self._store.flush(self.step)
-        distributed = (torch.distributed.is_available() and torch.distributed.is_initialized()
-                       and torch.distributed.get_world_size() > 1)
-        snapshot = self._store.snapshot(reduce_across_ranks=distributed, replicated_kinds=REPLICATED_KINDS)
+        with self._tracer.busy():
+            self._store.flush(self.step)
+            distributed = (torch.distributed.is_available() and torch.distributed.is_initialized()
+                           and torch.distributed.get_world_size() > 1)
+            snapshot = self._store.snapshot(reduce_across_ranks=distributed, replicated_kinds=REPLICATED_KINDS)
         rank = torch.distributed.get_rank() if distributed else self._rank  # group gone: rank as attached
         world = torch.distributed.get_world_size() if distributed else 1
         elapsed = self.elapsed if not self._active and self.started else (
@@ -464,12 +616,33 @@ class Watcher:
         run = {
             "status": self.status, "error": self.error, "observation_error": self.observation_error,
             "steps": self.step, "steps_observed": self.steps_observed, "every": self.every,
-            "kinds": list(self.kinds), "world_size": world, "seconds": round(elapsed, 3),
+            "kinds": list(self.kinds), "ops": self.ops, "world_size": world, "seconds": round(elapsed, 3),
+            "precision": self.precision(), "notes": self.notes(),
         }
-        return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank)
+        dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self._dtypes.items()}
+        return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
+                            tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden))
 
 
 # ------------------------------------------------------------------ helpers
+def run_status(exc_type, exc) -> tuple:
+    """(status, error) of a run that ended with this exception (None: completed)."""
+    if exc_type is None:
+        return "completed", None
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt"
+    if issubclass(exc_type, StopRun):
+        return "stopped", None
+    if issubclass(exc_type, Terminated):
+        return "terminated", "SIGTERM"
+    if issubclass(exc_type, SystemExit):
+        code = getattr(exc, "code", None)
+        if code in (None, 0):
+            return "completed", None
+        return "error", f"SystemExit: {code}"
+    return "error", f"{exc_type.__name__}: {exc}"
+
+
 def _check_kinds(kinds) -> tuple:
     if isinstance(kinds, str):
         kinds = (kinds,)
@@ -481,16 +654,24 @@ def _check_kinds(kinds) -> tuple:
     return kinds
 
 
-def _unwrap(model):
-    """The module inside DistributedDataParallel / DataParallel wrappers."""
-    inner = getattr(model, "module", None)
-    if inner is not None and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
-        return inner
-    return model
+def _check_modules(spec):
+    """modules=: None, a preset, or a list of names and torch.nn.Module types."""
+    import torch
 
-
-def _label(model) -> str:
-    return type(model).__name__
+    if spec is None or spec in MODULE_PRESETS:
+        return spec
+    if isinstance(spec, (str, type)):
+        spec = [spec]
+    if not isinstance(spec, (list, tuple, set, frozenset)):
+        raise TypeError(f"modules must be one of {', '.join(MODULE_PRESETS)}, a module name or type, or a "
+                        f"sequence of them; got {type(spec).__name__} {spec!r}")
+    bad = [s for s in spec if not isinstance(s, (str, type))]
+    if bad:
+        raise TypeError(f"modules holds {bad[0]!r}; give qualified names (str) or module types")
+    bad_types = [t for t in spec if isinstance(t, type) and not issubclass(t, torch.nn.Module)]
+    if bad_types:
+        raise TypeError(f"modules holds {bad_types[0]!r}, which is not a torch.nn.Module type")
+    return tuple(spec)
 
 
 def _flat(tensors, copy: bool = False):
@@ -513,3 +694,6 @@ def _float_tensors(output, depth: int = 0):
     elif depth < 4 and isinstance(output, (tuple, list, dict)):
         for item in output.values() if isinstance(output, dict) else output:
             yield from _float_tensors(item, depth + 1)
+    elif depth < 4 and hasattr(output, "keys") and hasattr(output, "__getitem__"):   # ModelOutput and kin
+        for key in list(output.keys()):
+            yield from _float_tensors(output[key], depth + 1)

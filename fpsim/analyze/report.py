@@ -1,10 +1,13 @@
 """The analyzer's report: per-layer statistics and verdicts, saved as JSON, HTML and PNG figures.
 
-`build_report` turns the host copy of the accumulators into layers, runs the
-verdicts and the GradScaler replay; `Report.save` writes every file
-atomically (a temporary file in the same directory, then os.replace), so a
-reader never sees half a file, even when the run is dying as it writes.
-The JSON schema is documented in docs/analyzer.md; SCHEMA names its version.
+`build_report` turns the host copy of the accumulators into layers (the
+recorded modules) and op sites, runs the verdicts and the GradScaler replay,
+and keeps as findings the ops that judge worse than their module's output;
+`Report.save` writes report.json first, then the figures and the HTML page,
+every file atomically (a temporary file in the same directory, then
+os.replace), so a reader never sees half a file, even when the run is dying
+as it writes. The JSON schema is documented in docs/analyzer.md; SCHEMA
+names its version.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ import tempfile
 from .gradscaler import simulate_gradscaler
 from .histogram import Log2Histogram
 from .store import NO_STEP
-from .verdicts import (GRADIENT_KINDS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
+from .verdicts import (GRADIENT_KINDS, INTENDED_INF_OPS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
                        loss_scaled_verdict, per_tensor_verdict)
 
-SCHEMA = "fpsim.analyze.report/1"
-KIND_ORDER = ("activation", "activation_grad", "weight", "weight_grad", "update")
+SCHEMA = "fpsim.analyze.report/2"
+KIND_ORDER = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
+SEVERITY = {"ok": 0, "loss_scale": 1, "fp32": 2}
+FIGURE_KINDS = ("activation", "activation_grad", "weight_grad")
+"""The heatmaps a report draws (the other kinds are in report.json and in fpsim.analyze.figures)."""
+MAX_FIGURE_ROWS = 64
+"""Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
 
 
 @dataclasses.dataclass
@@ -39,19 +47,26 @@ class Report:
     gradscaler: dict      # format name -> GradScalerPrediction (loss-scaled formats narrower than FP32: fp16)
     fp8: dict             # tensor kind -> {"choice", "lost"}
     rank: int = 0
+    ops: list = dataclasses.field(default_factory=list)       # every op site observed (Layer, type "op")
+    findings: list = dataclasses.field(default_factory=list)  # the ops among `layers` that judge worse
 
     @property
     def formats(self) -> list:
         return [lim.name for lim in self.limits]
 
     def layer(self, name: str) -> Layer:
+        """A layer, or any observed op site ('Net.attn:mul'), by name."""
         for layer in self.layers:
             if layer.name == name:
                 return layer
-        raise KeyError(f"no layer {name!r} in the report; layers: {', '.join(l.name for l in self.layers)}")
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise KeyError(f"no layer or op {name!r} in the report; layers: "
+                       f"{', '.join(l.name for l in self.layers)}")
 
     def verdict(self, layer: str, fmt: str) -> str:
-        """'ok', 'loss_scale' or 'fp32' for a layer and a format name."""
+        """'ok', 'loss_scale' or 'fp32' for a layer or an op site ('Net.attn:mul') and a format name."""
         self.layer(layer)
         if fmt not in self.verdicts[layer]:
             raise KeyError(f"format {fmt!r} was not watched; formats: {', '.join(self.formats)}")
@@ -72,39 +87,6 @@ class Report:
                 "scaling": "per_tensor" if lim.per_tensor_scaled else "loss_scale",
             })
         lo, hi = self.settings.scale_range
-        layers = []
-        for layer in self.layers:
-            tensors = {}
-            for kind, t in sorted(layer.tensors.items(), key=lambda kv: KIND_ORDER.index(kv[0])):
-                entry = {
-                    "samples": t.samples, "values": t.hist.total, "nonzero": t.nonzero, "zeros": t.hist.zeros,
-                    "pos_inf": t.hist.pos_inf, "neg_inf": t.hist.neg_inf, "nan": t.hist.nan,
-                    "amax": _num(t.amax), "first_nonfinite_step": t.first_nonfinite_step,
-                    "log2_histogram": t.hist.to_dict(), "formats": {},
-                }
-                for lim in self.limits:
-                    fe = {"underflow": t.underflow_fraction(lim), "subnormal": t.subnormal_fraction(lim),
-                          "overflow": t.overflow_fraction(lim)}
-                    s = t.tensor_scale(lim, self.settings.fp8_margin)
-                    fe["tensor_scale_log2"] = s
-                    fe["underflow_at_tensor_scale"] = None if s is None else t.underflow_fraction(lim, s)
-                    if kind in GRADIENT_KINDS:
-                        w = t.window(lim, self.settings)
-                        fe["window_log2"] = None if w is None else list(w)
-                    if kind == "update":
-                        fe["lost_updates"] = t.lost_update_fraction(lim)
-                    entry["formats"][lim.name] = fe
-                if kind in GRADIENT_KINDS:
-                    entry["underflow_by_scale"] = {"log2_scales": [lo, hi], **{
-                        lim.name: [t.underflow_fraction(lim, s) for s in range(lo, hi + 1)] for lim in self.limits}}
-                tensors[kind] = entry
-            layers.append({
-                "name": layer.name, "type": layer.type, "first_nonfinite_step": layer.first_nonfinite_step,
-                "verdicts": {f: v.verdict for f, v in self.verdicts[layer.name].items()},
-                "reasons": {f: v.reason for f, v in self.verdicts[layer.name].items()},
-                "details": {f: v.to_dict() for f, v in self.verdicts[layer.name].items()},
-                "tensors": tensors,
-            })
         return {
             "schema": SCHEMA,
             "fpsim_version": __version__,
@@ -116,20 +98,71 @@ class Report:
             "gradscaler": {name: p.to_dict() for name, p in self.gradscaler.items()},
             "fp8_recipe": self.fp8,
             "summary": self.summary(),
-            "layers": layers,
+            "layers": [self._entry(layer) for layer in self.layers],
+            "ops": [{"name": op.name, "module": op.module, "op": op.name.rpartition(":")[2],
+                     "dtypes": dict(op.dtypes), "verdicts": {f: v.verdict for f, v in self.verdicts[op.name].items()},
+                     "samples": {k: t.samples for k, t in op.tensors.items()}} for op in self.ops],
         }
+
+    def _entry(self, layer) -> dict:
+        lo, hi = self.settings.scale_range
+        tensors = {}
+        for kind, t in sorted(layer.tensors.items(), key=lambda kv: KIND_ORDER.index(kv[0])):
+            entry = {
+                "samples": t.samples, "values": t.hist.total, "nonzero": t.nonzero, "zeros": t.hist.zeros,
+                "pos_inf": t.hist.pos_inf, "neg_inf": t.hist.neg_inf, "nan": t.hist.nan,
+                "amax": _num(t.amax), "first_nonfinite_step": t.first_nonfinite_step,
+                "log2_histogram": t.hist.to_dict(), "formats": {},
+            }
+            for lim in self.limits:
+                fe = {"underflow": t.underflow_fraction(lim), "subnormal": t.subnormal_fraction(lim),
+                      "overflow": t.overflow_fraction(lim)}
+                s = t.tensor_scale(lim, self.settings.fp8_margin)
+                fe["tensor_scale_log2"] = s
+                fe["underflow_at_tensor_scale"] = None if s is None else t.underflow_fraction(lim, s)
+                if kind in GRADIENT_KINDS:
+                    w = t.window(lim, self.settings)
+                    fe["window_log2"] = None if w is None else list(w)
+                if kind == "update":
+                    fe["lost_updates"] = t.lost_update_fraction(lim)
+                entry["formats"][lim.name] = fe
+            if kind in GRADIENT_KINDS:
+                entry["underflow_by_scale"] = {"log2_scales": [lo, hi], **{
+                    lim.name: [t.underflow_fraction(lim, s) for s in range(lo, hi + 1)] for lim in self.limits}}
+            tensors[kind] = entry
+        verdicts = self.verdicts[layer.name]
+        out = {"name": layer.name, "entry": "op" if layer.is_op else "module", "type": layer.type}
+        if layer.is_op:
+            out["module"], out["op"] = layer.module, layer.name.rpartition(":")[2]
+            out["module_verdicts"] = {f: v.verdict for f, v in self.verdicts.get(layer.module, {}).items()}
+        out.update({
+            "dtypes": dict(layer.dtypes), "tied_with": list(layer.tied_with),
+            "first_nonfinite_step": layer.first_nonfinite_step,
+            "verdicts": {f: v.verdict for f, v in verdicts.items()},
+            "reasons": {f: v.reason for f, v in verdicts.items()},
+            "details": {f: v.to_dict() for f, v in verdicts.items()},
+            "evidence": {f: _evidence(layer, lim, self.loss_scale[lim.name]) for f, lim in
+                         ((lim.name, lim) for lim in self.limits)},
+            "tensors": tensors,
+        })
+        return out
 
     def summary(self) -> dict:
         """Per format: counts of verdicts, the layers to keep in higher precision or to scale, and the
         share of all nonzero updates that weights stored in the format would lose (None without updates)."""
         out = {}
         lost = self.lost_updates()
+        modules = [layer for layer in self.layers if not layer.is_op]
         for lim in self.limits:
             by = {"ok": [], "loss_scale": [], "fp32": []}
-            for layer in self.layers:
+            for layer in modules:
                 by[self.verdicts[layer.name][lim.name].verdict].append(layer.name)
             out[lim.name] = {"ok": len(by["ok"]), "loss_scale": len(by["loss_scale"]), "fp32": len(by["fp32"]),
                              "fp32_layers": by["fp32"], "loss_scale_layers": by["loss_scale"],
+                             "op_findings": [op.name for op in self.findings
+                                             if SEVERITY[self.verdicts[op.name][lim.name].verdict]
+                                             > SEVERITY[self.verdicts.get(op.module, {}).get(
+                                                 lim.name, _OK).verdict]],
                              "lost_updates": lost.get(lim.name)}
         return out
 
@@ -154,43 +187,59 @@ class Report:
     # ----------------------------------------------------------------- files
     def figures(self) -> dict:
         """{file name: matplotlib Figure} of every figure the report holds."""
+        return {name: build() for name, build in self.figure_builders().items()}
+
+    def figure_builders(self) -> dict:
+        """{file name: a function drawing that figure}, so that each can fail alone."""
         from . import figures
 
         out = {}
-        kinds = [k for k in KIND_ORDER if any(k in layer.tensors for layer in self.layers)]
+        kinds = [k for k in FIGURE_KINDS if any(k in layer.tensors for layer in self.layers)]
         for kind in kinds:
-            out[f"magnitudes_{kind}.png"] = figures.magnitude_heatmap(self, kind)
+            out[f"magnitudes_{kind}.png"] = lambda kind=kind: figures.magnitude_heatmap(self, kind)
         if any(not lim.per_tensor_scaled for lim in self.limits) and any(
                 k in layer.tensors for layer in self.layers for k in GRADIENT_KINDS):
-            out["loss_scale_windows.png"] = figures.loss_scale_windows(self)
+            out["loss_scale_windows.png"] = lambda: figures.loss_scale_windows(self)
         if self.gradscaler:
-            out["gradscaler.png"] = figures.gradscaler_trajectory(self)
+            out["gradscaler.png"] = lambda: figures.gradscaler_trajectory(self)
         return out
 
     def save(self, directory, figures: bool = True) -> dict:
-        """Write report.json, report.html and (unless figures=False) the PNG figures into `directory`.
+        """Write report.json, then (unless figures=False) the PNG figures, then report.html into `directory`.
 
-        The directory is created if needed; every file is written atomically.
-        Under torch.distributed only rank 0 writes (the report is the same on
-        every rank). Returns {file name: path}.
+        The directory is created if needed; every file is written atomically,
+        report.json first so that nothing later can lose it. A figure that
+        cannot be drawn is left out with a warning (the page says so). Under
+        torch.distributed only rank 0 writes. Returns {file name: path}; when
+        writing fails, the exception carries `.written` (what was written).
         """
+        import warnings
+
         directory = os.fspath(directory)
         if self.rank != 0:
             return {}
-        os.makedirs(directory, exist_ok=True)
         paths = {}
-        pngs = {}
-        for name, fig in (self.figures() if figures else {}).items():
-            buffer = io.BytesIO()
-            fig.savefig(buffer, format="png", dpi=110)
-            pngs[name] = buffer.getvalue()
-        for name, data in pngs.items():
-            paths[name] = atomic_write(os.path.join(directory, name), data)
-        paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), self.to_json().encode())
-        from .html import render_html
+        try:
+            os.makedirs(directory, exist_ok=True)
+            paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), self.to_json().encode())
+            pngs = {}
+            if figures:
+                for name, build in self.figure_builders().items():
+                    try:
+                        buffer = io.BytesIO()
+                        build().savefig(buffer, format="png", dpi=100)
+                        pngs[name] = buffer.getvalue()
+                    except Exception as err:  # a figure is not worth the report
+                        warnings.warn(f"fpsim: figure {name} left out: {type(err).__name__}: {err}", RuntimeWarning)
+                for name, data in pngs.items():
+                    paths[name] = atomic_write(os.path.join(directory, name), data)
+            from .html import render_html
 
-        paths["report.html"] = atomic_write(os.path.join(directory, "report.html"),
-                                            render_html(self, pngs).encode())
+            paths["report.html"] = atomic_write(os.path.join(directory, "report.html"),
+                                                render_html(self, pngs).encode())
+        except BaseException as err:
+            err.written = dict(paths)
+            raise
         return paths
 
 
@@ -237,33 +286,86 @@ def _jsonable(obj):
 
 
 # ------------------------------------------------------------------- building
-def build_report(snapshot, limits: list, settings: Settings, run: dict, types: dict, rank: int = 0) -> Report:
-    """Layers, verdicts, loss scales, FP8 recipe and GradScaler replay from a store Snapshot."""
-    layers: dict = {}
+class _OkVerdict:
+    """Stands in for the verdict of a module without a record."""
+
+    verdict = "ok"
+
+
+_OK = _OkVerdict()
+
+
+def _evidence(layer, lim, choice) -> dict:
+    """What a counted verdict rests on, per format: shares at scale 1 and at the recommended scale, amax."""
+    out = {"basis": "value counts"}
+    forward = [t for k, t in layer.tensors.items() if k in ("activation", "weight") and t.nonzero]
+    grads = [t for k, t in layer.tensors.items() if k in GRADIENT_KINDS and t.nonzero]
+    if forward:
+        out["forward_amax"] = _num(max(t.amax for t in forward))
+        out["forward_overflow"] = any(t.overflows(lim, 0) for t in forward)
+        out["forward_underflow"] = max(t.underflow_fraction(lim, 0) for t in forward)
+    if grads:
+        out["grad_underflow_at_1"] = max(t.underflow_fraction(lim, 0) for t in grads)
+        r = choice.recommended_log2
+        if r is not None and not lim.per_tensor_scaled:
+            out["grad_underflow_at_recommended"] = max(t.underflow_fraction(lim, r) for t in grads)
+            out["grad_overflow_at_recommended"] = any(t.overflows(lim, r) for t in grads)
+    return out
+
+
+def build_report(snapshot, limits: list, settings: Settings, run: dict, types: dict, rank: int = 0,
+                 dtypes: dict | None = None, tied: dict | None = None, hidden=frozenset()) -> Report:
+    """Layers, op sites, verdicts, loss scales, FP8 recipe and GradScaler replay from a store Snapshot.
+
+    types: record name -> module class name, or "op" for an op site.
+    dtypes: record name -> {dtype name: tensors} (the dtypes ops produced).
+    hidden: module records kept only to compare their ops with (modules outside the selection).
+    """
+    from .limits import FormatLimits
+
+    dtypes, tied = dtypes or {}, tied or {}
+    thresholds = {"float16": FormatLimits.of("fp16").overflow_threshold,
+                  "bfloat16": FormatLimits.of("bf16").overflow_threshold}
+    entries: dict = {}
     for i, (name, kind) in enumerate(snapshot.keys):
-        if snapshot.samples[i] == 0:
+        if snapshot.samples[i] == 0 or name not in types:
             continue
         first = int(snapshot.first_nonfinite[i])
         lost = None
         if kind == "update":
             lost = {lim.name: int(snapshot.lost[i, j]) for j, lim in enumerate(limits)}
+        low = [thresholds[d] for d in dtypes.get(name, {}) if d in thresholds
+               and name.rpartition(":")[2] not in INTENDED_INF_OPS]
         stats = TensorStats(name, kind, Log2Histogram.from_raw(snapshot.raw[i]), float(snapshot.amax[i]),
-                            None if first >= NO_STEP else first, int(snapshot.samples[i]), lost)
-        if name not in layers:
-            layers[name] = Layer(name, types.get(name, ""), {})
-        layers[name].tensors[kind] = stats
-    ordered = list(layers.values())
-    loss_scale, verdicts, gradscaler = {}, {layer.name: {} for layer in ordered}, {}
+                            None if first >= NO_STEP else first, int(snapshot.samples[i]), lost,
+                            min(low) if low else None)
+        if name not in entries:
+            entries[name] = Layer(name, types[name], {}, dict(dtypes.get(name, {})), list(tied.get(name, [])))
+        entries[name].tensors[kind] = stats
+    modules = [e for e in entries.values() if not e.is_op and e.name not in hidden]
+    ops = [e for e in entries.values() if e.is_op]
+    loss_scale, verdicts, gradscaler = {}, {e.name: {} for e in entries.values()}, {}
     for lim in limits:
-        choice = choose_loss_scale(ordered, lim, settings)
+        choice = choose_loss_scale(modules, lim, settings)
         loss_scale[lim.name] = choice
-        for layer in ordered:
-            verdict = (per_tensor_verdict(layer, lim, settings) if lim.per_tensor_scaled
-                       else loss_scaled_verdict(layer, lim, choice, settings))
-            verdicts[layer.name][lim.name] = verdict
+        for entry in entries.values():
+            verdict = (per_tensor_verdict(entry, lim, settings) if lim.per_tensor_scaled
+                       else loss_scaled_verdict(entry, lim, choice, settings))
+            verdicts[entry.name][lim.name] = verdict
         if not lim.per_tensor_scaled and lim.emax < 127:  # GradScaler is for formats narrower than FP32
             prediction = simulate_gradscaler(snapshot.step_amax, snapshot.steps_per_entry, run.get("steps", 0), lim)
             if prediction is not None:
                 gradscaler[lim.name] = prediction
-    return Report(limits, settings, dict(run), ordered, verdicts, loss_scale, gradscaler,
-                  fp8_recipe(ordered, limits, settings), rank)
+    findings = [op for op in ops if _worse_than_module(op, verdicts, limits)]
+    return Report(limits, settings, dict(run), modules + findings, verdicts, loss_scale, gradscaler,
+                  fp8_recipe(modules, limits, settings), rank, ops, findings)
+
+
+def _worse_than_module(op, verdicts: dict, limits) -> bool:
+    """An op judges worse than its module's output in some format; an op outside every module (the loop's
+    own, such as the loss) when it needs FP32."""
+    mine, theirs = verdicts[op.name], verdicts.get(op.module)
+    if theirs is None:
+        return any(mine[lim.name].verdict == "fp32" for lim in limits)
+    return any(SEVERITY[mine[lim.name].verdict] > SEVERITY[theirs[lim.name].verdict] for lim in limits)
+

@@ -3,9 +3,12 @@
 The script runs in this process (runpy, with sys.argv and sys.path[0] set as
 `python train.py ARGS` would), under a watch attached through torch's global
 hooks: every module that runs a forward pass (named after its outermost
-module: 'Net.layer1.0') and every torch.optim optimizer. The report is
-written when the script ends, however it ends; with `steps`, the run is
-stopped (StopRun, raised out of optimizer.step) once that many steps are done.
+module: 'Net.layer1.0'), every op, and every torch.optim optimizer. Everything
+fpsim can check is checked when the `ScriptRun` is made, before the script
+starts (so that an error there is a usage error, never the script's); the
+report is written when the script ends, however it ends (SIGTERM included);
+with `steps`, the run is stopped (StopRun, raised out of optimizer.step) once
+that many steps are done.
 """
 
 from __future__ import annotations
@@ -13,44 +16,72 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import tempfile
 
 from .hooks import DEFAULT_FORMATS, StopRun, Watcher
+from .signals import terminate_as_exception
 
 
-def run_script(script, args=(), *, out="fpsim-report", steps: int | None = None, every: int = 1,
-               formats=DEFAULT_FORMATS, modules=None, on_step=None, **options):
-    """Run `script` with `args` under observation; (report, {file: path}).
+def check_out(out) -> str:
+    """The report folder, created and found writable now; ValueError naming the problem otherwise."""
+    out = os.fspath(out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is an existing file, not a folder; give a folder for the report")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write the report into {out!r}: {err.strerror or err}") from None
+    return out
 
-    Exceptions of the script (and KeyboardInterrupt) propagate after the
-    report has been written; StopRun (the `steps` limit) and sys.exit(0) end
-    the run normally.
-    """
-    script = os.fspath(script)
-    if not os.path.isfile(script):
-        raise FileNotFoundError(f"no training script at {script!r}")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be a positive int or None, got {steps!r}")
-    args = [str(a) for a in args]
 
-    def after_step(step: int) -> None:
-        if on_step is not None:
-            on_step(step)
-        if steps is not None and step >= steps:
+class ScriptRun:
+    """One observed run of a script: made (and checked) first, then `run()`; exceptions of run() are the script's."""
+
+    def __init__(self, script, args=(), *, out="fpsim-report", steps: int | None = None, every: int = 1,
+                 formats=DEFAULT_FORMATS, modules=None, on_step=None, **options):
+        script = os.fspath(script)
+        if not os.path.isfile(script):
+            raise FileNotFoundError(f"no training script at {script!r}")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps must be a positive int or None, got {steps!r}")
+        self.script, self.args, self.steps, self.out = script, [str(a) for a in args], steps, check_out(out)
+        self._on_step = on_step
+        self.watcher = Watcher(None, formats, every=every, modules=modules, on_step=self._after_step, out=out,
+                               **options)
+
+    def _after_step(self, step: int) -> None:
+        if self._on_step is not None:
+            self._on_step(step)
+        if self.steps is not None and step >= self.steps:
             raise StopRun(f"stopped after {step} steps")
 
-    watcher = Watcher(None, formats, every=every, modules=modules, on_step=after_step, out=out, **options)
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    try:
-        with watcher:
-            runpy.run_path(script, run_name="__main__")
-    except StopRun:
-        pass
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0):
-            raise
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-    return watcher.last_report, watcher.saved_paths
+    @property
+    def written(self) -> dict:
+        """{file name: path} of the report files written (empty when none could be)."""
+        return self.watcher.saved_paths
+
+    def run(self):
+        """Run the script; (report, {file: path}). The script's exceptions (and KeyboardInterrupt, Terminated)
+        propagate after the report has been written; StopRun and sys.exit(0) end the run normally."""
+        saved_argv, saved_path = sys.argv, list(sys.path)
+        sys.argv = [self.script, *self.args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(self.script)))
+        try:
+            with terminate_as_exception(), self.watcher:
+                runpy.run_path(self.script, run_name="__main__")
+        except StopRun:
+            pass
+        except SystemExit as exit_:
+            if exit_.code not in (None, 0):
+                raise
+        finally:
+            sys.argv = saved_argv
+            sys.path[:] = saved_path
+        return self.watcher.last_report, self.watcher.saved_paths
+
+
+def run_script(script, args=(), **options):
+    """Run `script` with `args` under observation; (report, {file: path}). Options as ScriptRun."""
+    return ScriptRun(script, args, **options).run()

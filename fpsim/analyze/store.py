@@ -67,22 +67,32 @@ class Store:
         self.steps_per_entry = 1
 
     def row(self, key, device) -> int:
-        """The row of a (module name, kind) record, created on first use."""
+        """The row of a (record name, kind) record, created on first use (tables grow by doubling)."""
         found = self.index.get(key)
         if found is not None:
             return found
-        import torch
-
         if self.device is None:
             self._allocate(device)
-        self.index[key] = len(self.keys)
+        row = len(self.keys)
+        if row == self.raw.shape[0]:
+            self._grow(max(16, 2 * row))
+        self.index[key] = row
         self.keys.append(key)
         self.samples.append(0)
-        self.raw = torch.cat([self.raw, self.raw.new_zeros((1, RAW_SIZE))])
-        self.amax = torch.cat([self.amax, self.amax.new_zeros(1)])
-        self.first_nonfinite = torch.cat([self.first_nonfinite, self.first_nonfinite.new_full((1,), NO_STEP)])
-        self.lost = torch.cat([self.lost, self.lost.new_zeros((1, self.n_formats))])
-        return self.index[key]
+        return row
+
+    def _grow(self, rows: int) -> None:
+        import torch
+
+        def grown(table, fill):
+            bigger = torch.full((rows, *table.shape[1:]), fill, dtype=table.dtype, device=table.device)
+            bigger[:table.shape[0]] = table
+            return bigger
+
+        self.raw = grown(self.raw, 0)
+        self.amax = grown(self.amax, 0.0)
+        self.first_nonfinite = grown(self.first_nonfinite, NO_STEP)
+        self.lost = grown(self.lost, 0)
 
     # ------------------------------------------------------------- updates
     def add(self, row: int, counts, low, high, step: int) -> None:
@@ -158,9 +168,11 @@ class Store:
             return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros(0, np.float32),
                             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, self.n_formats), np.int64),
                             np.zeros(0, np.float32), 1)
-        return Snapshot(list(self.keys), self.raw.cpu().numpy().copy(), self.amax.cpu().numpy().copy(),
-                        self.first_nonfinite.cpu().numpy().copy(), np.array(self.samples, dtype=np.int64),
-                        self.lost.cpu().numpy().copy(), self.step_amax.cpu().numpy().copy(), self.steps_per_entry)
+        n = len(self.keys)
+        return Snapshot(list(self.keys), self.raw[:n].cpu().numpy().copy(), self.amax[:n].cpu().numpy().copy(),
+                        self.first_nonfinite[:n].cpu().numpy().copy(), np.array(self.samples, dtype=np.int64),
+                        self.lost[:n].cpu().numpy().copy(), self.step_amax.cpu().numpy().copy(),
+                        self.steps_per_entry)
 
     def _reduced_snapshot(self, replicated_kinds) -> Snapshot:
         import torch

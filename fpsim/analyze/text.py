@@ -20,29 +20,93 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
-def summary_table(report, max_name: int = 32) -> str:
-    """Layers x formats verdicts, then each format's loss scale, the GradScaler replay and the FP8 recipe."""
-    formats = report.formats
-    if not report.layers:
-        return ("nothing was observed: no watched module ran a forward pass with gradients enabled "
-                f"({report.run.get('steps', 0)} optimizer steps)")
-    header = ["layer", "type", *formats, "worst grad underflow @1"]
-    first_scaled = next((lim for lim in report.limits if not lim.per_tensor_scaled), None)
-    rows = []
-    for layer in report.layers:
-        worst = ""
-        if first_scaled is not None:
-            grads = [t for k, t in layer.tensors.items() if k in ("activation_grad", "weight_grad") and t.nonzero]
-            if grads:
-                uf = max(t.underflow_fraction(first_scaled, 0) for t in grads)
-                worst = f"{uf * 100:.3g}% ({first_scaled.name})"
-        rows.append([_cut(layer.name, max_name), layer.type,
-                     *(report.verdicts[layer.name][f].verdict for f in formats), worst])
+def _compact(numbers: list) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    numbers = sorted(set(numbers))
+    parts, start = [], numbers[0]
+    for a, b in zip(numbers, numbers[1:] + [None]):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(parts)
+
+
+def grouped(rows: list, tail: int = 0, merge=max) -> list:
+    """Merge rows whose names differ only in one numeric part and whose other cells agree.
+
+    rows: [(name, cells...)]; the last `tail` cells do not have to agree: a
+    merged row gets merge() of its members' values there. A merged name writes
+    the numbers it covers in braces: 'h.{0-11}.attn.c_attn'. Kept in the order
+    of each group's first row.
+    """
+    import re
+
+    number = r"(?<=\.)\d+(?=[.:]|$)"
+    groups: dict = {}
+    for row in rows:
+        name, cells = row[0], tuple(row[1:len(row) - tail])
+        numbers = re.findall(number, name)
+        key = (re.sub(number, "#", name), *cells) if len(numbers) == 1 else (name, *cells)
+        groups.setdefault(key, []).append((numbers, row))
+    out = []
+    for key, members in groups.items():
+        if len(members) == 1:
+            out.append(tuple(members[0][1]))
+            continue
+        numbers = [int(n[0]) for n, _ in members]
+        tails = [merge(m[1][len(m[1]) - tail + i] for m in members) for i in range(tail)]
+        out.append((key[0].replace("#", "{" + _compact(numbers) + "}"), *key[1:], *tails))
+    return out
+
+
+def _table(header: list, rows: list) -> list:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return lines
+
+
+def _larger_share(shares) -> str:
+    shares = [s for s in shares if s]
+    return max(shares, key=lambda s: float(s.split("%")[0])) if shares else ""
+
+
+def _worst_underflow(layer, lim) -> str:
+    grads = [t for k, t in layer.tensors.items() if k in ("activation_grad", "weight_grad") and t.nonzero]
+    if lim is None or not grads:
+        return ""
+    return f"{max(t.underflow_fraction(lim, 0) for t in grads) * 100:.3g}% ({lim.name})"
+
+
+MAX_FINDING_ROWS = 16
+
+
+def summary_table(report, max_name: int = 40) -> str:
+    """Layers x formats verdicts (blocks that agree merged into one row), the op findings, the loss
+    scales, what the run itself did (autocast, GradScaler), the GradScaler replay and the FP8 recipe."""
+    formats = report.formats
+    modules = [layer for layer in report.layers if not layer.is_op]
+    if not modules:
+        return ("nothing was observed: no watched module ran a forward pass with gradients enabled "
+                f"({report.run.get('steps', 0)} optimizer steps)")
+    first_scaled = next((lim for lim in report.limits if not lim.per_tensor_scaled), None)
+    rows = [(layer.name, layer.type, *(report.verdicts[layer.name][f].verdict for f in formats),
+             _worst_underflow(layer, first_scaled)) for layer in modules]
+    table_rows = [[_cut(row[0], max_name), *row[1:]] for row in grouped(rows, tail=1, merge=_larger_share)]
+    lines = _table(["layer", "type", *formats, "worst grad underflow @1"], table_rows)
+    if report.findings:
+        lines.append("")
+        lines.append("ops judged worse than their module's output (every op's verdicts: report.json \"ops\"):")
+        op_rows = grouped([(op.name, "/".join(sorted(op.dtypes)) or "-",
+                            *(report.verdicts[op.name][f].verdict for f in formats)) for op in report.findings])
+        shown = op_rows[:MAX_FINDING_ROWS]
+        lines.extend("  " + line for line in _table(["op", "ran in", *formats], [[_cut(r[0], max_name), *r[1:]]
+                                                                                for r in shown]))
+        if len(op_rows) > MAX_FINDING_ROWS:
+            lines.append(f"  ... {len(op_rows) - MAX_FINDING_ROWS} more rows in report.json")
+        reasons = _finding_reasons(report, formats)
+        lines.extend(f"  {text}" for text in reasons[:6])
     lines.append("")
     lines.append("loss scale (one global scale for the gradients; FP8 rows are for reference, their verdicts "
                  "use per-tensor scales):")
@@ -52,13 +116,14 @@ def summary_table(report, max_name: int = 32) -> str:
             text = "no single scale serves any layer"
         else:
             text = (f"recommended {scale_text(ls.recommended_log2)}, usable 2^{ls.min_log2}..2^{ls.max_log2}, "
-                    f"serves {len(ls.served)} of {len(report.layers)} layers")
+                    f"serves {len(ls.served)} of {len(modules)} layers")
             if ls.unserved:
                 text += f" (not: {', '.join(ls.unserved[:6])}{', ...' if len(ls.unserved) > 6 else ''})"
         lines.append(f"  {lim.name:<8} {text}")
+    lines.extend(precision_lines(report.run.get("precision") or {}))
     for name, p in report.gradscaler.items():
-        lines.append(f"GradScaler ({name}, init 2^16, growth every {p.growth_interval} steps): "
-                     f"{p.skipped_steps} of {p.steps} steps skipped, final scale "
+        lines.append(f"GradScaler replay ({name}, init 2^16, growth every {p.growth_interval} steps, every layer in "
+                     f"{name}): {p.skipped_steps} of {p.steps} steps skipped, final scale "
                      f"{scale_text(round(math.log2(p.final_scale)) if p.final_scale > 0 else None)}")
     if report.fp8:
         parts = []
@@ -71,6 +136,8 @@ def summary_table(report, max_name: int = 32) -> str:
     if lost:
         lines.append("updates lost if the weights themselves were stored in the format (keep FP32 master weights "
                      "where this is large): " + ", ".join(f"{f} {v * 100:.3g}%" for f, v in lost.items()))
+    for note in report.run.get("notes") or []:
+        lines.append(f"note: {note}")
     run = report.run
     status = run.get("status", "")
     tail = f"{run.get('steps', 0)} steps ({run.get('steps_observed', 0)} observed, every {run.get('every', 1)})"
@@ -78,10 +145,47 @@ def summary_table(report, max_name: int = 32) -> str:
         tail += f", run {status}" + (f": {run['error']}" if run.get("error") else "")
     if run.get("observation_error"):
         tail += f"; observation stopped early: {run['observation_error']}"
-    bad = [(layer.name, layer.first_nonfinite_step) for layer in report.layers
+    bad = [(layer.name, layer.first_nonfinite_step) for layer in report.layers + report.ops
            if layer.first_nonfinite_step is not None]
     if bad:
         bad.sort(key=lambda x: x[1])
         tail += "; first Inf/NaN: " + ", ".join(f"{n} at step {s}" for n, s in bad[:5])
     lines.append(tail)
     return "\n".join(lines)
+
+
+def _finding_reasons(report, formats) -> list:
+    """One line per distinct (op, format, verdict) reason among the findings, fp32 first."""
+    seen, out = set(), []
+    for severity in ("fp32", "loss_scale"):
+        for op in report.findings:
+            for f in formats:
+                v = report.verdicts[op.name][f]
+                mod = report.verdicts.get(op.module, {}).get(f)
+                if v.verdict != severity or (mod is not None and mod.verdict == severity):
+                    continue
+                key = (op.name.rpartition(":")[2], f, severity)
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append(f"{op.name} {f} {severity}: {v.reason}")
+    return out
+
+
+def precision_lines(precision: dict) -> list:
+    """What the run itself computed in: autocast, dtypes of the op outputs, each real GradScaler."""
+    lines = []
+    autocast = precision.get("autocast") or {}
+    dtypes = precision.get("op_outputs_by_dtype") or {}
+    if autocast or any(d in dtypes for d in ("float16", "bfloat16")):
+        ran = ", ".join(f"{d} {n}" for d, n in sorted(dtypes.items(), key=lambda kv: -kv[1]))
+        where = ", ".join(f"{dev} {d}" for dev, d in autocast.items()) or "none"
+        lines.append(f"the run's precision: autocast {where}; op outputs by dtype: {ran}")
+    for s in precision.get("grad_scalers") or []:
+        scales = sorted({v for _, v in s["trajectory"]})
+        shown = scale_text(round(math.log2(scales[0]))) if len(scales) == 1 and scales[0] > 0 else \
+            f"{len(s['trajectory'])} values, last {scale_text(round(s['last_scale_log2']))}" \
+            if s.get("last_scale_log2") is not None else "unknown"
+        lines.append(f"{s['name']} (the run's own): {s['steps']} steps, {s['skipped_steps']} skipped, scale "
+                     f"{shown}; gradients were divided by it before counting, so verdicts are those of FP32")
+    return lines

@@ -20,12 +20,18 @@ from .histogram import Log2Histogram
 
 FORWARD_KINDS = ("activation", "weight")
 GRADIENT_KINDS = ("activation_grad", "weight_grad")
+"""The gradients a loss scale multiplies, as backward produced them (optimizer_grad is for reference only)."""
 VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""
 
+INTENDED_INF_OPS = ("masked_fill", "masked_fill_", "fill", "fill_", "where", "index_put", "index_put_",
+                    "masked_scatter", "clamp", "max", "min", "amax", "amin")
+"""Ops whose Inf outputs are put there on purpose (-inf attention masks) or passed through: no overflow, no alarm."""
+
 _KIND_WORDS = {"activation": "activations", "activation_grad": "activation gradients", "weight": "weights",
-               "weight_grad": "weight gradients", "update": "updates"}
+               "weight_grad": "weight gradients", "optimizer_grad": "gradients as the optimizer used them",
+               "update": "updates"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,9 @@ class TensorStats:
     first_nonfinite_step: int | None
     samples: int
     lost_updates: dict | None = None
+    inf_overflow_threshold: float | None = None
+    """When the values were produced in a low-precision dtype (autocast), that dtype's overflow threshold:
+    an Inf among them is an overflow of every format whose threshold is not above it."""
 
     @property
     def nonzero(self) -> int:
@@ -79,6 +88,9 @@ class TensorStats:
         """Whether any value overflows at scale 2^scale: exact from the amax when it is finite."""
         if math.isfinite(self.amax):
             return self.amax > 0 and lim.overflows(math.ldexp(self.amax, scale))
+        if (self.hist.pos_inf or self.hist.neg_inf) and self.inf_overflow_threshold is not None \
+                and scale >= 0 and lim.overflow_threshold <= self.inf_overflow_threshold:
+            return True
         top = self.hist.top_exponent()  # Inf/NaN in the data: judge the finite values, conservatively
         return top is not None and top + scale >= lim.emax
 
@@ -118,12 +130,27 @@ class TensorStats:
 
 @dataclasses.dataclass
 class Layer:
+    """One entry of the report: a module (its outputs, parameters, gradients) or an op site `Module:op`."""
+
     name: str
     type: str
     tensors: dict  # kind -> TensorStats
+    dtypes: dict = dataclasses.field(default_factory=dict)   # dtype name -> tensors produced in it (ops)
+    tied_with: list = dataclasses.field(default_factory=list)
+
+    @property
+    def is_op(self) -> bool:
+        return self.type == "op"
+
+    @property
+    def module(self) -> str:
+        """The module an op ran in (for a module entry: its own name)."""
+        return self.name.rpartition(":")[0] if self.is_op else self.name
 
     @property
     def first_nonfinite_step(self) -> int | None:
+        if self.is_op and self.name.rpartition(":")[2] in INTENDED_INF_OPS:
+            return None
         steps = [t.first_nonfinite_step for t in self.tensors.values() if t.first_nonfinite_step is not None]
         return min(steps) if steps else None
 

@@ -111,3 +111,166 @@ def test_demo_command(tmp_path, capsys):
     assert "SensorNet on generated sensor data: 3 steps" in text and "pressure" in text
     report = json.loads((out / "report.json").read_text())
     assert report["run"]["steps"] == 3 and (out / "report.html").exists()
+
+
+# ----------------------------------------------------- the report is never lost; exit codes
+SLOW_SCRIPT = textwrap.dedent("""
+    import pathlib, sys, time
+    import torch
+    from torch import nn
+
+    marker = pathlib.Path(sys.argv[1])
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(10000):
+        loss = net(torch.randn(32, 8)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step == 2:
+            marker.write_text("running")
+        time.sleep(0.01)
+""")
+
+
+def start_slow_script(tmp_path):
+    import os
+    import subprocess
+
+    script, marker, out = tmp_path / "slow.py", tmp_path / "marker", tmp_path / "report"
+    script.write_text(SLOW_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fpsim", "analyze", "--out", str(out), "--formats", "fp16",
+                             str(script), "--", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    import time
+
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc, out
+
+
+def test_sigterm_writes_the_report_and_exits_143(tmp_path):
+    import signal
+
+    proc, out = start_slow_script(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "terminated" and report["run"]["steps"] >= 3
+    assert (out / "report.html").exists() and f"report written to {out}/" in stderr
+
+
+def test_a_second_ctrl_c_does_not_lose_the_report(tmp_path):
+    import signal
+    import time
+
+    proc, out = start_slow_script(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "interrupted" and report["layers"]
+    assert (out / "report.html").exists() and not list(out.glob(".tmp-*"))
+
+
+def test_the_scripts_own_exception_exits_1_with_its_traceback(script, tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(SCRIPT.replace('raise RuntimeError("the data loader broke")',
+                                  'raise ValueError("a bad batch")'))
+    out = tmp_path / "report"
+    code = cli.main(["analyze", "--out", str(out), str(bad), "--", "--record", str(tmp_path / "a.json"),
+                     "--fail-at", "2"])
+    err = capsys.readouterr().err
+    assert code == 1                                      # the script's ValueError is not a usage error
+    assert "Traceback (most recent call last)" in err and str(bad) in err and "ValueError: a bad batch" in err
+    assert f"report written to {out}/" in err
+    assert json.loads((out / "report.json").read_text())["run"]["steps"] == 2
+
+
+def test_ctrl_c_in_the_script_exits_130(script, tmp_path, capsys):
+    stop = tmp_path / "stop.py"
+    stop.write_text(SCRIPT.replace('raise RuntimeError("the data loader broke")', "raise KeyboardInterrupt"))
+    out = tmp_path / "report"
+    assert cli.main(["analyze", "--out", str(out), str(stop), "--", "--record", str(tmp_path / "a.json"),
+                     "--fail-at", "2"]) == 130
+    assert "report written" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["run"]["status"] == "interrupted"
+
+
+def test_a_bad_out_is_a_usage_error_before_the_script_starts(script, tmp_path, capsys):
+    record = tmp_path / "argv.json"
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a folder")
+    for out in (a_file, a_file / "below"):
+        assert cli.main(["analyze", "--out", str(out), str(script), "--", "--record", str(record)]) == 2
+        err = capsys.readouterr().err
+        assert str(out) in err and "error" in err
+        assert not record.exists()                        # the script never ran
+
+
+FRAGILE_SCRIPT = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Fragile(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.aminmax:
+                raise NotImplementedError("no aminmax for Fragile tensors")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x).as_subclass(Fragile)
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(200):
+        loss = net(torch.randn(8, 4)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    raise SystemExit("ran all 200 steps")
+""")
+
+
+def test_steps_holds_after_a_hook_failure(tmp_path, capsys):
+    script = tmp_path / "fragile.py"
+    script.write_text(FRAGILE_SCRIPT)
+    out = tmp_path / "report"
+    with pytest.warns(RuntimeWarning, match="observation stopped"):
+        assert cli.main(["analyze", "--out", str(out), "--steps", "3", str(script)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "stopped" and report["run"]["steps"] == 3
+    assert report["run"]["observation_error"].startswith("NotImplementedError")
+
+
+def test_names_of_any_characters_and_report_json_first(tmp_path):
+    import torch
+    from torch import nn
+
+    import fpsim
+
+    model = nn.Sequential()
+    model.add_module("cost$ per_unit {x}", nn.Linear(4, 4))
+    model.add_module("ünïcode\tname", nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with fpsim.watch(model, out=tmp_path) as w:
+        for _ in range(2):
+            loss = model(torch.randn(8, 4)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert set(w.saved_paths) >= {"report.json", "report.html", "magnitudes_activation.png"}
+    names = [layer["name"] for layer in json.loads((tmp_path / "report.json").read_text())["layers"]]
+    assert "cost$ per_unit {x}" in names and "ünïcode\tname" in names

@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
 def test_json_schema(saved):
     report, paths, folder = saved
     data = json.loads((folder / "report.json").read_text())
-    assert data["schema"] == SCHEMA == "fpsim.analyze.report/1"
+    assert data["schema"] == SCHEMA == "fpsim.analyze.report/2"
     assert [f["name"] for f in data["formats"]] == ["fp16", "bf16", "e4m3", "e5m2"]
     assert {f["scaling"] for f in data["formats"]} == {"loss_scale", "per_tensor"}
     for name in ("fp16", "bf16", "e4m3", "e5m2"):
@@ -45,7 +45,7 @@ def test_json_schema(saved):
         assert set(layer["verdicts"].values()) <= {"ok", "loss_scale", "fp32"}
         assert all(layer["reasons"][f] for f in layer["verdicts"])
         for kind, t in layer["tensors"].items():
-            assert kind in ("activation", "activation_grad", "weight", "weight_grad", "update")
+            assert kind in ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
             assert t["values"] == t["nonzero"] + t["zeros"] + t["pos_inf"] + t["neg_inf"] + t["nan"]
             h = t["log2_histogram"]
             assert sum(h["counts"]) + h["tiny"] + h["huge"] == t["nonzero"]
@@ -59,7 +59,7 @@ def test_json_schema(saved):
     assert set(data["fp8_recipe"]) <= {"activation", "weight", "activation_grad", "weight_grad"}
     assert data["gradscaler"]["fp16"]["steps"] == 6
     assert data["summary"]["fp16"]["ok"] + data["summary"]["fp16"]["loss_scale"] + \
-        data["summary"]["fp16"]["fp32"] == len(data["layers"])
+        data["summary"]["fp16"]["fp32"] == len([layer for layer in data["layers"] if layer["entry"] == "module"])
 
 
 def test_json_is_strict(saved):
@@ -105,9 +105,18 @@ def test_summary_table(saved):
     first = table.splitlines()[0].split()
     assert first[:6] == ["layer", "type", "fp16", "bf16", "e4m3", "e5m2"]
     assert "recommended" in table and "GradScaler" in table
-    for layer in report.layers:
-        assert layer.name in table
-    with pytest.raises(KeyError, match="no layer 'nope'"):
+    for layer in report.layers:                 # blocks with the same verdicts share a row: body.{2,4}
+        assert layer.name in table or layer.name.split(".")[0] + ".{" in table
+    with pytest.raises(KeyError, match="no layer or op 'nope'"):
         report.verdict("nope", "fp16")
     with pytest.raises(KeyError, match="not watched"):
         report.verdict("head", "fp8")
+
+
+def test_rows_of_repeated_blocks_are_merged():
+    from fpsim.analyze.text import grouped
+
+    rows = [("h.0.attn", "Linear", "ok", "1%"), ("h.1.attn", "Linear", "ok", "3%"), ("h.2.attn", "Linear", "fp32", "2%"),
+            ("h.3.attn", "Linear", "ok", "2%"), ("head", "Linear", "ok", "")]
+    assert grouped(rows, tail=1) == [("h.{0-1,3}.attn", "Linear", "ok", "3%"), ("h.2.attn", "Linear", "fp32", "2%"),
+                                     ("head", "Linear", "ok", "")]

@@ -1,0 +1,128 @@
+"""The precision a run really uses: autocast per op (from the dtypes the ops ran in) and every GradScaler.
+
+While a watch runs, `torch.amp.GradScaler.scale`, `unscale_`, `step` and
+`update` are wrapped (on the class, so every scaler and subclass is seen, and
+put back when the watch closes); the scaler's own arithmetic is not counted. `scale()` tells the watch that this step's backward
+tensors are multiplied by the scaler's scale (a device tensor: the watch
+divides by it when counting, with no host read); `update()` records the
+scale the step used and whether the scaler skipped it (found Inf/NaN), read
+after GradScaler.step has already synchronised on the same flags.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+MAX_RECORDED_STEPS = 10000
+"""Scale changes and skipped steps listed per scaler (the counts cover every step)."""
+
+
+class ScalerRecord:
+    """What one real GradScaler did: the scale at each change, the steps it skipped."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.steps = 0
+        self.skipped = 0
+        self.skipped_steps: list = []
+        self.trajectory: list = []   # [step, scale] at the first step and at every change
+        self.growth_interval = None
+        self.backoff_factor = None
+        self.growth_factor = None
+
+    def record(self, step: int, scale: float, skipped: bool) -> None:
+        self.steps += 1
+        if skipped:
+            self.skipped += 1
+            if len(self.skipped_steps) < MAX_RECORDED_STEPS:
+                self.skipped_steps.append(step)
+        if (not self.trajectory or self.trajectory[-1][1] != scale) and len(self.trajectory) < MAX_RECORDED_STEPS:
+            self.trajectory.append([step, scale])
+
+    def to_dict(self) -> dict:
+        import math
+
+        scales = [s for _, s in self.trajectory]
+        return {"name": self.label, "steps": self.steps, "skipped_steps": self.skipped,
+                "skipped": list(self.skipped_steps), "trajectory": [list(t) for t in self.trajectory],
+                "first_scale": scales[0] if scales else None, "last_scale": scales[-1] if scales else None,
+                "last_scale_log2": math.log2(scales[-1]) if scales and scales[-1] > 0 else None,
+                "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval}
+
+
+class ScalerWatch:
+    """Wraps GradScaler's methods for one watcher; `restore()` puts the originals back."""
+
+    def __init__(self, watcher):
+        import torch
+
+        self._watcher = weakref.ref(watcher)
+        self.records: dict = {}          # id(scaler) -> ScalerRecord
+        self._refs: dict = {}            # id(scaler) -> weakref (ids of dead scalers are not reused for them)
+        cls = torch.amp.GradScaler
+        self._cls = cls
+        self._originals = {name: cls.__dict__[name] for name in ("scale", "unscale_", "step", "update")}
+        watch = self
+
+        def quietly(name):
+            """The original method, run with op observation paused: the scaler's own arithmetic is not the model's."""
+            original = watch._originals[name]
+
+            def method(scaler, *args, **kwargs):
+                w = watch._watcher()
+                if w is None:
+                    return original(scaler, *args, **kwargs)
+                with w._tracer.busy():
+                    return original(scaler, *args, **kwargs)
+            return method
+
+        plain = {name: quietly(name) for name in self._originals}
+
+        def scale(scaler, outputs):
+            result = plain["scale"](scaler, outputs)
+            w = watch._watcher()
+            if w is not None and scaler.is_enabled():
+                w._on_scale(scaler)
+            return result
+
+        def update(scaler, new_scale=None):
+            w = watch._watcher()
+            if w is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
+                try:
+                    used = float(scaler._scale.item())
+                    found = sum(float(v.item()) for state in scaler._per_optimizer_states.values()
+                                for v in state.get("found_inf_per_device", {}).values())
+                    w._on_scaler_update(watch.record_for(scaler), used, found > 0)
+                except Exception as err:  # observation only: never break the run
+                    w._fail(err)
+            return plain["update"](scaler, new_scale)
+
+        cls.scale, cls.unscale_, cls.step, cls.update = scale, plain["unscale_"], plain["step"], update
+
+    def record_for(self, scaler) -> ScalerRecord:
+        key = id(scaler)
+        ref = self._refs.get(key)
+        if ref is None or ref() is not scaler:
+            self._refs[key] = weakref.ref(scaler)
+            record = ScalerRecord(f"GradScaler#{len(self.records) + 1}" if self.records else "GradScaler")
+            record.growth_factor = scaler.get_growth_factor()
+            record.backoff_factor = scaler.get_backoff_factor()
+            record.growth_interval = scaler.get_growth_interval()
+            self.records[key] = record
+        return self.records[key]
+
+    def restore(self) -> None:
+        for name, fn in self._originals.items():
+            setattr(self._cls, name, fn)
+
+
+def inverse_scale(scaler):
+    """1 / the scaler's current scale, as a float32 device tensor (no host read)."""
+    return scaler._scale.double().reciprocal().float()
+
+
+def optimizer_grads_unscaled(scaler, optimizer) -> bool:
+    """Whether this scaler has already unscaled the optimizer's gradients this step (GradScaler.unscale_)."""
+    state = scaler._per_optimizer_states.get(id(optimizer)) if scaler is not None else None
+    return state is not None and getattr(state.get("stage"), "name", "") in ("UNSCALED", "STEPPED")

@@ -1,0 +1,404 @@
+"""Which module and op made a tensor: op-level interception, used by analyze to observe and by emulate to round.
+
+A `Tracer` is a TorchDispatchMode plus two global module hooks. Every aten op
+the run computes passes through it, forward and backward, with its `Site`:
+the innermost module running it (by qualified name) and the op. It hands the
+op's floating-point outputs to a client, which may observe them or return
+replacements (emulation rounds them):
+
+    client.forward_op(site, outputs)    -> None, or a list of replacement tensors
+    client.backward_op(site, outputs)   -> None, or a list of replacement tensors
+    client.output_grad(site, grads)     (the gradients of a forward op's outputs)
+    client.module_output(name, module, output)
+
+How the pieces are found:
+- the innermost module: a stack kept by global forward pre/post hooks (the
+  post hook always runs, also when forward raises);
+- the site of a backward op: the forward op that created the autograd node now
+  running (torch._C._current_autograd_node), remembered by the node's sequence
+  number when the forward op ran (a bounded table, cleared by `forget_graph`);
+- the gradient of a forward op's outputs: a pre-hook on its autograd node,
+  registered when a later op consumes the output (so never on a leaf; it dies
+  with the graph);
+- the dtype an op ran in: its outputs' dtype, after autocast cast its inputs
+  (the mode sits below autocast in the dispatcher, so it sees the casts too).
+
+What it cannot see, and says (`notes`): code compiled by torch.compile runs
+fused kernels; the mode steps aside while Dynamo compiles (it declares
+ignore_compile_internals) so that compiled code stays exactly as it would be
+unobserved, and only the library kernels compiled code calls (matmuls) pass
+through it, attributed to the compiled module. TorchScript modules run their
+inside as one call: their ops are attributed to the scripted module itself.
+View ops and copies (no new values: clone, _unsafe_view, copy_),
+uninitialised allocations (empty) and constants (zeros, ones, full, *_like)
+are skipped; a change of dtype (_to_copy, autocast's casts) is an op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+
+OUTSIDE = "loop"
+"""Module name of ops that run outside every module (a loss computed in the training loop, say)."""
+MAX_NODES = 1 << 20
+"""At most this many autograd nodes are remembered between two `forget_graph` calls."""
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "OptimizedModule", "FullyShardedDataParallel")
+_WRAPPED_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where a tensor was made: the innermost module (qualified name) and the aten op (no overload)."""
+
+    module: str
+    op: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}:{self.op}"
+
+
+def unwrap(module):
+    """The module inside DistributedDataParallel, DataParallel, FSDP and torch.compile wrappers."""
+    seen = 0
+    while type(module).__name__ in _WRAPPERS and seen < 8:
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if inner is None:
+            break
+        module, seen = inner, seen + 1
+    return module
+
+
+def _strip(name: str) -> str:
+    for prefix in _WRAPPED_PREFIXES:
+        name = name.replace(prefix, "")
+        if name == prefix[:-1]:
+            return ""
+    return name
+
+
+class ModuleNames:
+    """Qualified names of modules, held weakly: a module that dies is forgotten, its root label reused.
+
+    add_root(model, label): name `model`'s modules as in model.named_modules()
+    (the root itself by `label`), wrappers (DDP, torch.compile) included. A
+    module called for the first time outside every named root is a new root,
+    labelled by its class; a second live root of the same class is `Class#2`.
+    A root created every step (a loss module made inside the loop) takes back
+    the label of the dead one, so names and records do not grow.
+    """
+
+    def __init__(self):
+        self._names = weakref.WeakKeyDictionary()   # module -> qualified name
+        self._roots: dict = {}                      # label -> weakref to the root
+        self.scripted: list = []                    # names of TorchScript modules seen
+        self.compiled: list = []                    # names of torch.compile'd modules seen
+        self.new_names: list = []                   # (module, name) named since the client last looked
+
+    def get(self, module):
+        return self._names.get(module)
+
+    def is_root(self, name: str) -> bool:
+        return name in self._roots
+
+    def add_root(self, model, label: str, prefix_label: bool = True) -> None:
+        import torch
+
+        core = unwrap(model)
+        self._roots[label] = weakref.ref(core)
+        chain, m = [model], model
+        while m is not core:
+            m = getattr(m, "_orig_mod", None) or getattr(m, "module")
+            chain.append(m)
+        for wrapper in chain:
+            if type(wrapper).__name__ == "OptimizedModule":
+                self.compiled.append(label)
+            self._set(wrapper, label)
+        for name, mod in core.named_modules():
+            if not name or mod in self._names:
+                continue
+            name = _strip(name)
+            qual = f"{label}.{name}" if prefix_label else name
+            self._set(mod, qual)
+            if isinstance(mod, torch.jit.ScriptModule) and not _inside_script(name, core):
+                self.scripted.append(qual)
+        if isinstance(core, torch.jit.ScriptModule):
+            self.scripted.append(label)
+
+    def _set(self, module, name: str) -> None:
+        self._names[module] = name
+        self.new_names.append((module, name))
+
+    def adopt(self, module) -> str:
+        """Name a module seen for the first time outside every known root; its name."""
+        base = type(unwrap(module)).__name__
+        label, n = base, 2
+        while label in self._roots and self._roots[label]() is not None:
+            label, n = f"{base}#{n}", n + 1
+        self.add_root(module, label)
+        return label
+
+
+def _inside_script(name: str, core) -> bool:
+    """Whether a submodule lies inside a TorchScript module (only the outermost one is named in notes)."""
+    import torch
+
+    parts = name.split(".")
+    m = core
+    for part in parts[:-1]:
+        m = getattr(m, part, None)
+        if isinstance(m, torch.jit.ScriptModule):
+            return True
+    return False
+
+
+def _skipped(func) -> bool:
+    """View ops make no new values; empty allocations hold garbage."""
+    name = func._schema.name
+    return func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
+        "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros", "aten::ones",
+        "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+        "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy")
+
+
+def _float_outputs(out) -> list:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return []
+
+
+def _replace(out, old: list, new: list):
+    """`out` with the tensors of `old` swapped for `new` (same order)."""
+    if not isinstance(out, (tuple, list)):
+        return new[0]
+    swap = {id(o): n for o, n in zip(old, new)}
+    return type(out)(swap.get(id(t), t) for t in out)
+
+
+def _make_mode_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Mode(TorchDispatchMode):
+        """Hands each op to its tracer; steps aside while torch.compile compiles (compiled code stays as is)."""
+
+        def __init__(self, tracer):
+            super().__init__()
+            self.tracer = tracer
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return self.tracer._on_op(func, out, args)
+
+    return _Mode
+
+
+_MODE_CLASS = None
+
+
+class Tracer:
+    """Op-level interception for one client: `attach()` (or a with block) starts it, `close()` ends it.
+
+    names: a ModuleNames (the client names its model there first). The client
+    switches op interception on and off with `intercept(bool)` (the module
+    stack is kept either way, so that turning it on mid-run attributes right).
+    """
+
+    def __init__(self, client, names: ModuleNames | None = None):
+        self.client = client
+        self.names = names if names is not None else ModuleNames()
+        self._stack: list = []                  # names of the modules running, innermost last
+        self._nodes: dict = {}                  # autograd sequence number -> Site of the forward op
+        self._hooked: set = set()               # sequence numbers of nodes given a gradient pre-hook
+        self._last_sequence = -1
+        self._busy = threading.local()           # the client's own tensor work passes through untouched
+        self._mode = None
+        self._handles: list = []
+        self.error = None
+        self._grad_wanted = hasattr(client, "output_grad")
+
+    # ------------------------------------------------------------ life cycle
+    def attach(self) -> "Tracer":
+        from torch.nn.modules import module as nn_module
+
+        self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
+                         nn_module.register_module_forward_hook(self._on_post, always_call=True)]
+        return self
+
+    def intercept(self, on: bool) -> None:
+        """Push or pop the dispatch mode (ops cost nothing extra while it is off)."""
+        global _MODE_CLASS
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if on and self._mode is None:
+            if _MODE_CLASS is None:
+                _MODE_CLASS = _make_mode_class()
+            self._mode = _MODE_CLASS(self)
+            self._mode.__enter__()
+        elif not on and self._mode is not None:
+            if _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
+                self._mode.__exit__(None, None, None)
+                self._mode = None
+            else:
+                self._mode.tracer = _PASS_THROUGH     # another mode sits above ours: go inert
+
+    def close(self) -> None:
+        """Remove the hooks and the mode (idempotent)."""
+        self.intercept(False)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack.clear()
+        self.forget_graph()
+
+    def forget_graph(self) -> None:
+        """Drop the forward-op table of autograd nodes (call when a step's backward passes are done)."""
+        self._nodes.clear()
+        self._hooked.clear()
+
+    def busy(self):
+        """A context in which the client's own tensor operations pass through without interception."""
+        return _Busy(self._busy)
+
+    # -------------------------------------------------------------- modules
+    def current_module(self) -> str:
+        return self._stack[-1] if self._stack else OUTSIDE
+
+    def _on_pre(self, module, args):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        name = self.names.get(module)
+        if name is None:
+            try:
+                name = self.names.adopt(module)
+            except Exception as err:  # never break the run
+                self.error = err
+                name = type(module).__name__
+        self._stack.append(name)
+
+    def _on_post(self, module, args, output):
+        import torch
+
+        if torch.compiler.is_compiling() or not self._stack:
+            return
+        name = self._stack.pop()
+        if getattr(self._busy, "on", False):
+            return
+        with self.busy():
+            self.client.module_output(name, module, output)
+
+    # ------------------------------------------------------------------ ops
+    def _hook_inputs(self, args) -> None:
+        """Give the autograd node of every observed op output this op consumes a gradient pre-hook (once)."""
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                self._hook_inputs(a)
+                continue
+            node = getattr(a, "grad_fn", None)
+            if node is None:
+                continue
+            sequence = node._sequence_nr()
+            site = self._nodes.get(sequence)
+            if site is not None and sequence not in self._hooked:
+                self._hooked.add(sequence)
+                node.register_prehook(self._gradient_prehook(site))
+
+    def _gradient_prehook(self, site):
+        def on_grads(grads):
+            if getattr(self._busy, "on", False):
+                return None
+            tensors = [g for g in grads if g is not None and g.is_floating_point()]
+            if tensors:
+                with self.busy():
+                    self.client.output_grad(site, tensors)
+            return None
+        return on_grads
+
+    def _on_op(self, func, out, args=()):
+        import torch
+
+        if getattr(self._busy, "on", False) or _skipped(func):
+            return out
+        outputs = _float_outputs(out)
+        if not outputs:
+            return out
+        node = torch._C._current_autograd_node()
+        if node is None:
+            site = Site(self.current_module(), func._schema.name.split("::")[-1])
+            sequence = torch._C._autograd._get_sequence_nr()
+            if sequence != self._last_sequence:      # this op made an autograd node: remember it
+                self._last_sequence = sequence
+                if len(self._nodes) >= MAX_NODES:
+                    self.forget_graph()
+                self._nodes[sequence - 1] = site
+            if self._grad_wanted:
+                self._hook_inputs(args)
+            handler = self.client.forward_op
+        else:
+            site = self._nodes.get(node._sequence_nr())
+            if site is None:                          # a node no observed forward op made (compiled code)
+                return out
+            handler = self.client.backward_op
+        self._busy.on = True
+        try:
+            new = handler(site, outputs)
+        finally:
+            self._busy.on = False
+        return out if new is None else _replace(out, outputs, new)
+
+
+class _Busy:
+    """Flags the client's own work and switches Python dispatch off for it (its ops are not the run's)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __enter__(self):
+        import torch
+
+        self.before = getattr(self.flag, "on", False)
+        self.flag.on = True
+        self.guard = torch._C._DisableTorchDispatch()
+        self.guard.__enter__()
+
+    def __exit__(self, *exc):
+        self.guard.__exit__(*exc)
+        self.flag.on = self.before
+        return False
+
+
+class _PassThrough:
+    """What a mode that could not be popped hands its ops to: nothing."""
+
+    class _Client:
+        def forward_op(self, site, outputs):
+            return None
+
+        backward_op = output_grad = forward_op
+
+        def module_output(self, name, module, output):
+            return None
+
+    def __init__(self):
+        self.client = self._Client()
+
+    def _on_op(self, func, out, args=()):
+        return out
+
+
+_PASS_THROUGH = _PassThrough()

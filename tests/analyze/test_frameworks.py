@@ -1,0 +1,108 @@
+"""The analyzer on real third-party training stacks: transformers' Trainer and Lightning's Trainer.
+
+Tiny models built from configs with random weights (nothing is downloaded), a few steps each. Sources of
+truth: the frameworks' own step counts and parameters (an unwatched run of the same seed ends with the
+same weights), and the module names the frameworks' models really have.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fpsim
+
+transformers = pytest.importorskip("transformers")
+lightning = pytest.importorskip("lightning")
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                     attn_implementation="eager")
+    return transformers.GPT2LMHeadModel(config)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, 64, (16,), generator=g)
+        return {"input_ids": ids, "labels": ids}
+
+
+def hf_train(model, folder, watched: bool):
+    args = transformers.TrainingArguments(output_dir=str(folder), max_steps=4, per_device_train_batch_size=4,
+                                          learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no",
+                                          use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+    if not watched:
+        trainer.train()
+        return None
+    with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+        trainer.train()
+    return w.report()
+
+
+def test_transformers_trainer_with_a_tiny_gpt2(tmp_path):
+    plain = tiny_gpt2()
+    hf_train(plain, tmp_path / "a", watched=False)
+    model = tiny_gpt2()
+    report = hf_train(model, tmp_path / "b", watched=True)
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)                                  # observation changed nothing
+    assert report.run["steps"] == 4
+    names = [layer.name for layer in report.layers if not layer.is_op]
+    assert "transformer.h.0.attn.c_attn" in names and "transformer.wte" in names
+    ops = {op.name for op in report.ops}
+    assert any(name.startswith("transformer.h.0.attn:") for name in ops)   # ops inside the attention
+    assert any("tied weights" in note for note in report.run["notes"])      # lm_head is wte
+    assert report.layer("transformer.h.1.mlp.c_fc").tensors["weight_grad"].samples == 8   # weight, bias x 4
+
+
+class LitRegressor(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def lightning_fit(model, precision: str):
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+    trainer = lightning.Trainer(max_steps=5, accelerator="cpu", devices=1, precision=precision, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_lightning_trainer_with_automatic_optimisation(precision):
+    torch.manual_seed(0)
+    plain = LitRegressor()
+    lightning_fit(plain, precision)
+    torch.manual_seed(0)
+    model = LitRegressor()
+    grads = []
+    model.net[0].weight.register_hook(lambda g: grads.append(g.detach().clone()))
+    with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+        lightning_fit(model, precision)
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    report = w.report()
+    assert report.run["steps"] == 5                               # closure-based steps: one each
+    stats = report.layer("net.0").tensors["weight_grad"]
+    assert stats.samples == 10                                    # weight and bias, every step from step 0
+    assert len(grads) == 5 and stats.amax >= max(g.abs().max().item() for g in grads)   # step 0's included
+    dtypes = report.run["precision"]["op_outputs_by_dtype"]
+    if precision == "bf16-mixed":
+        assert report.run["precision"]["autocast"] == {"cpu": "bfloat16"} and dtypes.get("bfloat16", 0) > 0
+    else:
+        assert "bfloat16" not in dtypes and report.run["precision"]["autocast"] == {}

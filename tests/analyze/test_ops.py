@@ -1,0 +1,381 @@
+"""Op-level observation (fpsim.trace) on real runs, in the precision the run really uses.
+
+Sources of truth: torch itself (real CPU autocast FP16 turns the planted products into Inf/NaN; a real
+torch.amp.GradScaler's scale and skipped steps; an unwatched run's parameters and RNG state, bit for bit),
+an independent numpy count of the same tensors (analyze_helpers.numpy_count), and the FP32 run of the same
+model for the AMP run's verdicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fpsim
+from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
+from fpsim.trace import Site, Tracer
+
+from analyze_helpers import assert_same, numpy_count
+
+
+class Scaled(nn.Module):
+    """A module whose own forward multiplies a Linear's output by 3e5: beyond FP16 inside, fine at its output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x) * 3e5)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Scaled()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.attn(x))
+
+
+def sgd_steps(model, steps: int, amp: bool = False, seed: int = 0):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+        with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+            loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def test_an_op_inside_a_module_that_overflows_fp16_is_a_finding():
+    torch.manual_seed(0)
+    model = Net()
+    with torch.autocast("cpu", dtype=torch.float16):                     # real FP16: the product overflows
+        product = model.attn.lin(torch.randn(16, 8)) * 3e5
+    assert torch.isinf(product).any()
+    with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+        sgd_steps(model, 3)
+    report = w.report()
+    assert report.verdict("attn.lin", "fp16") == "ok"                   # no module output overflows ...
+    assert report.verdict("attn:mul", "fp16") == "fp32"                 # ... the op inside does
+    assert report.verdict("attn:mul", "bf16") == "ok"
+    assert "overflow" in report.verdicts["attn:mul"]["fp16"].reason
+    assert "attn:mul" in [layer.name for layer in report.findings]
+    data = report.to_dict()
+    entry = next(e for e in data["layers"] if e["name"] == "attn:mul")
+    assert entry["entry"] == "op" and entry["module"] == "attn" and entry["verdicts"]["fp16"] == "fp32"
+    assert "attn:mul" in data["summary"]["fp16"]["op_findings"]
+    assert "attn:mul" in report.summary_table()
+
+
+def test_op_outputs_are_counted_exactly_forward_and_backward():
+    torch.manual_seed(0)
+    model = Net()
+    kept = {"out": [], "grad": []}
+
+    class Keep(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mul.Tensor and torch._C._current_autograd_node() is None:
+                kept["out"].append(out.detach().clone())
+            return out
+
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+        with Keep():
+            out = model(x)
+        out.grad_fn.register_prehook(lambda g: None)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+    stats = w.report().layer("attn:mul").tensors
+    assert_same(stats["activation"].hist, numpy_count(torch.cat([k.reshape(-1) for k in kept["out"]]).numpy()))
+    assert stats["activation_grad"].samples == 1
+
+
+def test_the_tracer_hands_every_op_to_its_client_with_its_module():
+    seen = []
+
+    class Client:
+        def forward_op(self, site, outputs):
+            seen.append(("forward", site.name, outputs[0].dtype))
+
+        def backward_op(self, site, outputs):
+            seen.append(("backward", site.name))
+
+        def module_output(self, name, module, output):
+            seen.append(("module", name))
+
+    torch.manual_seed(0)
+    model = Net()
+    tracer = Tracer(Client())
+    tracer.names.add_root(model, "Net")
+    tracer.attach()
+    tracer.intercept(True)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(4, 8)).float().sum().backward()
+    finally:
+        tracer.close()
+    forward = [s for s in seen if s[0] == "forward"]
+    assert ("forward", "Net.attn:mul", torch.bfloat16) in forward       # the dtype autocast ran it in
+    assert ("forward", "Net.attn.lin:addmm", torch.bfloat16) in forward
+    assert ("backward", "Net.attn:tanh") in seen                          # tanh's backward, by its forward site
+    assert ("module", "Net.attn") in seen
+    assert Site("Net", "mul").name == "Net:mul"
+    n = len(seen)
+    model(torch.randn(4, 8)).sum().backward()                             # closed: nothing more arrives
+    assert len(seen) == n
+
+
+def test_an_amp_run_is_judged_as_the_same_model_in_fp32():
+    cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16)
+
+    def run(amp: bool):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", enabled=amp)
+        skipped_by_torch = 0
+        with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+            for x, y in token_batches(cfg, 4, 6):
+                with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                    _, loss = model(x, y)
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                before = scaler.get_scale() if amp else None
+                scaler.step(opt)
+                scaler.update()
+                skipped_by_torch += int(amp and scaler.get_scale() < before)
+        return w.report(), skipped_by_torch
+
+    fp32, _ = run(False)
+    amp, skipped = run(True)
+    modules = [layer.name for layer in fp32.layers if not layer.is_op]
+    assert modules == [layer.name for layer in amp.layers if not layer.is_op]
+    for name in modules:
+        assert amp.verdicts[name]["fp16"].verdict == fp32.verdicts[name]["fp16"].verdict, name
+    # the gradients were divided by the real scaler's 2^16: their magnitudes are FP32's, not 2^16 larger
+    g32, g16 = (r.layer("h.0.mlp.c_fc").tensors["activation_grad"].amax for r in (fp32, amp))
+    assert abs(np.log2(g16 / g32)) < 0.1
+    precision = amp.run["precision"]
+    assert precision["autocast"] == {"cpu": "float16"} and precision["op_outputs_by_dtype"]["float16"] > 0
+    scaler = precision["grad_scalers"][0]
+    assert scaler["steps"] == 6 and scaler["skipped_steps"] == skipped and scaler["trajectory"][0] == [0, 65536.0]
+    assert amp.run["steps"] == fp32.run["steps"] == 6
+    assert "float16" in amp.layer("h.0.attn:mul").dtypes
+    assert "GradScaler (the run's own): 6 steps" in amp.summary_table()
+    assert fp32.run["precision"]["grad_scalers"] == [] and fp32.run["precision"]["autocast"] == {}
+
+
+def test_steps_the_real_scaler_skips_are_steps_and_are_recorded():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)             # overflows FP16 gradients at first
+    scales = []
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(5):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,)))
+            opt.zero_grad()
+            scales.append(scaler.get_scale())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    record = w.report().run["precision"]["grad_scalers"][0]
+    torch_skipped = sum(1 for a, b in zip(scales, scales[1:] + [scaler.get_scale()]) if b < a)
+    assert torch_skipped > 0 and record["skipped_steps"] == torch_skipped
+    assert w.step == 5
+    assert [s for _, s in record["trajectory"]] == sorted(set(scales), reverse=True)
+
+
+def state(model):
+    return [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_watching_changes_nothing_with_dropout_and_autocast(amp):
+    cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16, dropout=0.1)
+
+    def run(watched: bool):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", enabled=amp)
+
+        def loop():
+            for x, y in token_batches(cfg, 4, 4):
+                with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                    _, loss = model(x, y)
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        if watched:
+            with fpsim.watch(model):
+                loop()
+        else:
+            loop()
+        return state(model)
+
+    (plain, rng_plain), (watched, rng_watched) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched))
+    assert torch.equal(rng_plain, rng_watched)
+
+
+def test_compiled_model_is_observed_without_changing_it():
+    def run(watched: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+        compiled = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(0)
+
+        def loop():
+            for _ in range(3):
+                loss = compiled(torch.randn(8, 8, generator=g)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        if watched:
+            with pytest.warns(UserWarning, match="global hooks"), fpsim.watch(compiled) as w:
+                loop()
+            return state(model)[0], w.report()
+        loop()
+        return state(model)[0], None
+
+    (plain, _), (watched, report) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched))   # compiled code stays compiled, bit for bit
+    assert report.run["steps"] == 3
+    assert report.layer("0").tensors["weight"].samples == 3          # parameters through the optimizer
+    assert any("torch.compile" in note for note in report.run["notes"])
+
+
+def test_torchscript_submodule_gets_a_note_and_no_hooks():
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU())), nn.Linear(8, 3))
+    with fpsim.watch(model) as w:
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            loss = model(torch.randn(4, 8)).square().mean()
+            sgd.zero_grad()
+            loss.backward()
+            sgd.step()
+    report = w.report()
+    assert any("TorchScript" in note and "0" in note for note in report.run["notes"])
+    assert "0:addmm" in [op.name for op in report.ops]                  # its ops, under the scripted module
+    assert not torch.nn.modules.module._global_forward_hooks           # nothing left behind
+    scripted = torch.jit.script(nn.Linear(4, 2))
+    with fpsim.watch(scripted) as w:                                  # watching a scripted model itself works
+        scripted(torch.randn(2, 4)).sum().backward()
+        w.advance()
+    assert w.report().run["steps"] == 1
+
+
+def test_closure_optimizers_record_the_current_steps_gradients():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    used = []
+    opt.register_step_post_hook(lambda o, a, k: used.append(model.weight.grad.detach().clone()))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 4, generator=g) * 10 ** i, torch.randn(8, 1, generator=g)) for i in range(3)]
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for x, y in batches:
+            def closure():
+                opt.zero_grad()
+                loss = (model(x) - y).square().mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+    stats = w.report().layer("Linear").tensors
+    assert w.step == 3 and stats["weight_grad"].samples == 6          # weight and bias, 3 steps
+    grads = np.concatenate([u.numpy().ravel() for u in used])
+    # the last step's gradients (inputs x100) are in the counts: read after the closure ran, not before
+    assert stats["weight_grad"].amax >= np.abs(grads).max()
+    assert stats["optimizer_grad"].samples == 6 and stats["optimizer_grad"].amax >= np.abs(grads).max()
+
+
+def test_clipping_and_unscaling_come_after_the_weight_gradients_backward_produced():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    raw = []
+    model.weight.register_hook(lambda g: raw.append(g.detach().clone()))
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(2):
+            loss = model(torch.randn(8, 4) * 100).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            opt.step()
+    stats = w.report().layer("Linear").tensors
+    assert stats["weight_grad"].amax >= max(g.abs().max().item() for g in raw)       # before clipping
+    assert stats["optimizer_grad"].amax <= 1e-3                                     # as the optimizer used them
+
+
+class ReturnsItsParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self):
+        return self.scale
+
+
+def test_a_module_returning_its_parameter_gets_no_hook_on_it():
+    module = ReturnsItsParameter()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    with fpsim.watch(module, modules="all") as w:
+        for _ in range(50):
+            loss = (module() * torch.arange(4.0)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        hooks = len(module.scale._backward_hooks or {})
+    assert hooks <= 1                                     # the one weight-gradient hook, not one per step
+    assert not module.scale._backward_hooks               # removed at close
+    assert w.report().layer("ReturnsItsParameter").tensors["weight_grad"].samples == 50
+
+
+def test_a_loss_module_made_every_step_is_one_root():
+    from fpsim.analyze.hooks import Watcher
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watcher(None, ("fp16",)) as w:
+        for _ in range(30):
+            loss = nn.CrossEntropyLoss()(model(torch.randn(8, 4)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    roots = {op.module.split(".")[0].split(":")[0] for op in report.ops}
+    assert roots == {"Linear", "CrossEntropyLoss"}
+    assert len(w._store.keys) < 20                         # records do not grow with the steps
+
+
+def test_five_hundred_small_layers_cost_linear_time():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(500)])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(2):
+            loss = model(torch.randn(2, 4)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    assert len([layer for layer in report.layers if not layer.is_op]) == 500
+    assert report.layer("499").tensors["activation"].samples == 2
+    assert w._store.raw.shape[0] < 2 * len(w._store.keys) + 16   # tables grow by doubling, not a cat per record
