@@ -1,8 +1,14 @@
-"""Build the optional C kernel of the rounding engine; fpsim works without it (numpy path)."""
+"""Packages, the study scripts and the optional C kernel; fpsim works without the kernel (numpy path).
 
-from setuptools import Extension, setup
+The study scripts live in the top-level studies/ folder (they regenerate docs/) and ship
+inside the wheel as the package fpsim.study_scripts, so that `fpsim study` runs from an install.
+"""
+
+from setuptools import Extension, find_packages, setup
 
 setup(
+    packages=find_packages(include=["fpsim", "fpsim.*"]) + ["fpsim.study_scripts"],
+    package_dir={"fpsim.study_scripts": "studies"},
     ext_modules=[
         Extension(
             "fpsim._fastround",
@@ -10,5 +16,5 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
         )
-    ]
+    ],
 )

@@ -22,8 +22,39 @@ def _fmt_number(value) -> str:
     return f"{value:.8g}"
 
 
+def _json_number(value):
+    """A float for JSON; Inf and NaN (which JSON lacks) as the strings "inf", "-inf", "nan"."""
+    value = float(value)
+    if value != value:
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _print_json(data) -> None:
+    import json
+
+    print(json.dumps(data, indent=2))
+
+
+def _format_facts(fmt: Format) -> dict:
+    """A format's layout and exact values (floats hold them exactly; fractions as text too)."""
+    values = {key: getattr(fmt, key) for key in ("max", "min_normal", "min_subnormal", "eps")}
+    return {"name": fmt.name, "bits": fmt.bits, "exp_bits": fmt.exp_bits, "man_bits": fmt.man_bits,
+            "bias": fmt.bias, "signed": fmt.signed, "infinities": fmt.infinities, "nan": fmt.nan,
+            "subnormals": fmt.subnormals, "zero": fmt.zero,
+            **{key: float(v) for key, v in values.items()},
+            "exact": {key: str(v) for key, v in values.items()},
+            "normal_binades": fmt.normal_binades, "subnormal_binades": fmt.subnormal_binades,
+            "aliases": sorted(alias for alias, target in ALIASES.items() if target == fmt.name)}
+
+
 def cmd_formats(args) -> int:
     """Print every preset with its range and precision."""
+    if args.json:
+        _print_json([_format_facts(fmt) for fmt in PRESETS.values()])
+        return 0
     header = ("name", "bits", "E", "M", "bias", "max", "min normal", "min subnormal", "epsilon",
               "binades", "Inf", "NaN")
     rows = []
@@ -93,11 +124,15 @@ def cmd_cast(args) -> int:
     """Round typed values into formats and show the result, its bits and its neighbours."""
     formats = [get_format(name) for name in args.to.split(",")]
     modes.check_rounding(args.rounding)
+    results = []
     for text in args.values:
         value, stand_in = _parse_value(text)
         for fmt in formats:
             result = exact.round_value(value, fmt, args.rounding, args.saturate,
                                        random_fraction=Fraction(1, 2) if args.rounding == "stochastic" else None)
+            if args.json:
+                results.append(_cast_facts(text, value, stand_in, fmt, result, args))
+                continue
             print(f"input       {text}" + (f" ({stand_in})" if stand_in else ""))
             print(f"format      {fmt.name} ({fmt.bits} bits: {int(fmt.signed)} sign, {fmt.exp_bits} exponent, "
                   f"{fmt.man_bits} mantissa, bias {fmt.bias})")
@@ -124,7 +159,30 @@ def cmd_cast(args) -> int:
                     error = (Fraction(result) - value) / value
                     print(f"rel. error  {float(error):+.4e}")
             print()
+    if args.json:
+        _print_json(results)
     return 0
+
+
+def _cast_facts(text: str, value, stand_in, fmt: Format, result: float, args) -> dict:
+    """One cast as data: what `fpsim cast` prints, for scripts."""
+    if result != result:  # the engine's NaN keeps the input's sign (where the format's NaN has one)
+        negative = value < 0 if isinstance(value, Fraction) else math.copysign(1.0, value) < 0
+        result = -math.nan if negative else math.nan
+    try:
+        code = exact.encode_value(result, fmt)
+    except ValueError:
+        code = None
+    facts = {"input": text, "format": fmt.name, "rounding": args.rounding, "saturate": args.saturate,
+             "result": _json_number(result), "code": code,
+             "bits": _bits_string(code, fmt).split("  (")[0] if code is not None else None, "note": stand_in}
+    if isinstance(value, Fraction) and value != 0 and not stand_in:
+        low, high = exact.neighbours(fmt, abs(value))
+        low, high = (-high, -low) if value < 0 else (low, high)
+        facts["neighbours"] = [float(low), float(high)]
+        if result == result and abs(result) != float("inf"):
+            facts["rel_error"] = float((Fraction(result) - value) / value)
+    return facts
 
 
 def cmd_validate(args) -> int:
@@ -185,6 +243,9 @@ def cmd_study(args) -> int:
     from . import studies
 
     if args.list or not args.names:
+        if args.json:
+            _print_json([{"name": name, "title": title} for name, title in studies.available()])
+            return 0
         for name, title in studies.available():
             print(f"{name:22} {title}")
         if not args.list:
@@ -194,52 +255,98 @@ def cmd_study(args) -> int:
     for name in names:
         if name not in studies.STUDIES:
             raise ValueError(f"unknown study {name!r}; allowed: {', '.join(studies.STUDIES)} or all")
+    done = []
     for name in names:
-        print(f"study {name}{' (fast)' if args.fast else ''} ...", file=sys.stderr, flush=True)
+        if not args.quiet:
+            print(f"study {name}{' (fast)' if args.fast else ''} ...", file=sys.stderr, flush=True)
         try:
             result = studies.run(name, fast=args.fast, out=args.out)
         except studies.StudyUnavailable as err:
             print(f"fpsim study: {name}: {err}", file=sys.stderr)
             return 2
+        if args.json:
+            done.append({"name": name, "finding": result.finding, "page": str(result.page),
+                         "figures": [str(f) for f in result.figures], "seconds": round(result.seconds, 2),
+                         "values": result.values})
+            continue
         print(f"{name}: {result.finding}")
         print(f"  page    {result.page}")
         for path in result.figures:
             print(f"  figure  {path}")
         print(f"  {result.seconds:.1f} s")
+    if args.json:
+        import json
+
+        print(json.dumps(done, indent=2, default=_json_default))
     return 0
+
+
+def _json_default(value):
+    """numpy numbers and other leftovers in study values, as JSON."""
+    if hasattr(value, "item"):
+        return _json_number(value.item()) if isinstance(value.item(), float) else value.item()
+    return str(value)
 
 
 # ------------------------------------------------------------- analyzer (demo, analyze)
 class _Progress:
-    """One line on stderr, rewritten in place after each optimizer step (stdlib only)."""
+    """Steps done, the rate and the time left, on stderr (stdlib only).
 
-    def __init__(self, what: str, total=None, stream=None):
+    On a terminal one line is rewritten in place (at most 5 times a second); in
+    a log file (not a tty) a line is appended at most every 10 seconds and at
+    the end, so logs stay short. quiet: nothing at all.
+    """
+
+    def __init__(self, what: str, total=None, stream=None, quiet: bool = False):
         import time
 
-        self.what, self.total, self.stream = what, total, stream or sys.stderr
-        self.start, self.time, self.shown = time.perf_counter(), time.perf_counter, False
+        self.what, self.total, self.stream, self.quiet = what, total, stream or sys.stderr, quiet
+        self.time = time.perf_counter
+        self.start = self._last = self.time()
+        self.shown, self.step = False, 0
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def __call__(self, step: int) -> None:
+        self.step = step
+        if self.quiet:
+            return
         now = self.time()
-        if self.shown and step != self.total and now - self._last < 0.2:
+        interval = 0.2 if self.tty else 10.0
+        if self.shown and step != self.total and now - self._last < interval:
             return
         self._last, self.shown = now, True
-        rate = step / max(now - self.start, 1e-9)
-        of = f"/{self.total}" if self.total else ""
-        self.stream.write(f"\rfpsim {self.what}: step {step}{of}  {rate:.1f} steps/s  {now - self.start:.0f} s ")
+        self.stream.write(("\r" if self.tty else "") + self._line(step, now) + ("" if self.tty else "\n"))
         self.stream.flush()
 
+    def _line(self, step: int, now: float) -> str:
+        elapsed = now - self.start
+        rate = step / max(elapsed, 1e-9)
+        text = f"fpsim {self.what}: step {step}" + (f"/{self.total}" if self.total else "")
+        text += f"  {rate:.1f} steps/s  {elapsed:.0f} s"
+        if self.total and 0 < step < self.total:
+            text += f"  ETA {(self.total - step) / max(rate, 1e-9):.0f} s"
+        return text + " "
+
     def done(self) -> None:
-        if self.shown:
+        if self.shown and self.tty:
             self.stream.write("\n")
             self.stream.flush()
 
 
 def _analyzer_formats(text: str):
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise ValueError(f"--formats needs at least one format name, got {text!r}; allowed: {', '.join(PRESETS)}")
+    return names
 
 
-def _print_report(report, paths: dict, out) -> None:
+def _print_report(report, paths: dict, out, as_json: bool = False) -> None:
+    if as_json:  # the report's summary and where its files are
+        import json
+
+        print(json.dumps({"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}},
+                         indent=2, default=str))
+        return
     print(report.summary_table())
     _print_written(paths, out)
 
@@ -262,16 +369,17 @@ def cmd_demo(args) -> int:
     if args.steps is None:
         args.steps = DEMO_STEPS
     check_out(args.out)
-    progress = _Progress("demo", args.steps)
+    progress = _Progress("demo", args.steps, quiet=args.quiet)
     try:
         report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every,
                                         formats=_analyzer_formats(args.formats), threads=args.threads,
                                         on_step=progress)
     finally:
         progress.done()
-    print(f"SensorNet on generated sensor data: {args.steps} steps, loss {facts['first_loss']:.3f} -> "
-          f"{facts['last_loss']:.3f}, test accuracy {facts['test_accuracy']:.1%}, {facts['seconds']:.1f} s\n")
-    _print_report(report, paths, args.out)
+    if not args.json:
+        print(f"SensorNet on generated sensor data: {args.steps} steps, loss {facts['first_loss']:.3f} -> "
+              f"{facts['last_loss']:.3f}, test accuracy {facts['test_accuracy']:.1%}, {facts['seconds']:.1f} s\n")
+    _print_report(report, paths, args.out, args.json)
     return 0
 
 
@@ -300,7 +408,7 @@ def cmd_analyze(args) -> int:
             parser = argparse.ArgumentParser(prog="fpsim analyze SCRIPT", add_help=False)
             _add_analyzer_options(parser, with_modules=True)
             parser.parse_args(options, namespace=args)
-    progress = _Progress("analyze", args.steps)
+    progress = _Progress("analyze", args.steps, quiet=args.quiet)
     run = ScriptRun(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
                     formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
     try:
@@ -332,29 +440,50 @@ def cmd_analyze(args) -> int:
               file=sys.stderr)
         _print_written(paths, args.out, run.watcher.save_error, sys.stderr)
         return 1
-    _print_report(report, paths, args.out)
+    _print_report(report, paths, args.out, args.json)
     if not paths.get("report.json"):
         return 1
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_output_options(p) -> None:
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output on stderr")
+
+
 def _add_analyzer_options(p, with_modules: bool = False) -> None:
     p.add_argument("--out", default="fpsim-report", metavar="DIR", help="report folder (default fpsim-report)")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    p.add_argument("--steps", type=_positive_int, default=None, metavar="N",
                    help="stop after N optimizer steps (the demo: train N steps, default 400)")
-    p.add_argument("--every", type=int, default=1, metavar="N", help="observe every N-th step (default 1)")
+    p.add_argument("--every", type=_positive_int, default=1, metavar="N", help="observe every N-th step (default 1)")
     p.add_argument("--formats", default="fp16,bf16,e4m3,e5m2", help="formats to judge, comma-separated")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for the demo (default 1)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch threads for the demo (default 1)")
+    _add_output_options(p)
     if with_modules:
         p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
                        help="which modules to record (default params: modules holding parameters)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
+    parser.add_argument("--version", action="version",
+                        version=f"fpsim {__version__} (distribution fpsim-mixed-precision)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("formats", help="table of every preset format")
+    p.add_argument("--json", action="store_true", help="print the formats as JSON on stdout")
     p.set_defaults(func=cmd_formats)
 
     p = sub.add_parser("cast", help="round values into formats and show bits and neighbours")
@@ -362,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="format name(s), comma-separated (e.g. e4m3,bf16)")
     p.add_argument("--rounding", default="nearest_even", help=f"one of {', '.join(modes.ROUNDING_MODES)}")
     p.add_argument("--saturate", action="store_true", help="clamp overflow to ±max")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     # negative values as typed (-3e-5, -1/3, -inf) are values, not options (argparse knows only -3 and -.5)
     p._negative_number_matcher = re.compile(r"^-(\d+\.?\d*(e[+-]?\d+)?|\.\d+(e[+-]?\d+)?|\d+/\d+|inf|infinity|nan|0)$",
                                             re.IGNORECASE)
@@ -386,8 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", metavar="NAME", help="study name(s), or all (fpsim study --list)")
     p.add_argument("--fast", action="store_true", help="quick version: fewer points and smaller sizes")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="folder for figures/studies/*.png and studies/NAME.md (default: the repository's docs/)")
+                   help="folder for figures/studies/*.png and studies/NAME.md (default: docs/ in a source "
+                        "checkout, else ./fpsim-studies/)")
     p.add_argument("--list", action="store_true", help="list the studies and exit")
+    _add_output_options(p)
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU "
@@ -421,6 +553,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"fpsim {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (fpsim formats | head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

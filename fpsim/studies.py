@@ -12,8 +12,9 @@ rewrites the same tables.
     result = studies.run("format_ranges", fast=True, out="/tmp/docs")
     result.finding, result.figures, result.values
 
-Studies live beside the package, not in it (they regenerate the docs), so
-they are found in a source checkout or an editable install.
+The scripts live in the source tree's top-level ``studies/`` folder and are
+installed with fpsim as the package ``fpsim.study_scripts`` (see setup.py),
+so a wheel runs them too; it writes under ``./fpsim-studies/`` by default.
 """
 
 from __future__ import annotations
@@ -32,13 +33,22 @@ class StudyUnavailable(RuntimeError):
 
 
 def studies_dir() -> Path:
-    """The folder holding the study scripts (``studies/`` of the source tree)."""
-    return Path(__file__).resolve().parent.parent / "studies"
+    """The folder holding the study scripts: the installed package fpsim.study_scripts."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fpsim.study_scripts")
+    if spec is None or not spec.submodule_search_locations:
+        raise StudyUnavailable("the study scripts (fpsim.study_scripts) are not installed with this fpsim")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def default_out() -> Path:
-    """Where studies write by default: the repository's ``docs/``."""
-    return Path(__file__).resolve().parent.parent / "docs"
+    """Where studies write by default: the repository's ``docs/`` in a source checkout, else
+    ``./fpsim-studies/`` (an installed fpsim has no docs folder of its own)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "docs" / "studies.md").exists() and (checkout / "studies").is_dir():
+        return checkout / "docs"
+    return Path.cwd() / "fpsim-studies"
 
 
 def _script(name: str) -> Path:
@@ -46,8 +56,7 @@ def _script(name: str) -> Path:
         raise ValueError(f"unknown study {name!r}; allowed: {', '.join(STUDIES)}")
     path = studies_dir() / f"{name}.py"
     if not path.exists():
-        raise FileNotFoundError(f"study script {path} is missing: studies run from a source checkout of fpsim "
-                                f"(git clone, then pip install -e .)")
+        raise FileNotFoundError(f"study script {path} is missing from this installation of fpsim")
     return path
 
 

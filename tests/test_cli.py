@@ -88,3 +88,93 @@ def test_cast_of_magnitudes_beyond_every_format(capsys, typed, fmt, result, bits
 def test_cast_up_from_a_tiny_magnitude_is_the_smallest_subnormal(capsys):
     assert main(["cast", "1e-30000000", "--to", "fp16", "--rounding", "up"]) == 0
     assert "result      5.9604645e-08\n" in capsys.readouterr().out  # 2^-24
+
+
+def test_version(capsys):
+    import fpsim
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fpsim {fpsim.__version__} (distribution fpsim-mixed-precision)"
+
+
+def test_formats_json_gives_every_preset_with_ml_dtypes_ranges(capsys):
+    import json
+
+    assert main(["formats", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) >= {"fp16", "bf16", "e4m3", "e5m2", "e2m1", "e8m0", "e3m4"}
+    for name, dtype in (("e4m3", ml_dtypes.float8_e4m3fn), ("bf16", ml_dtypes.bfloat16), ("e3m4", ml_dtypes.float8_e3m4)):
+        info = ml_dtypes.finfo(dtype)
+        assert rows[name]["max"] == float(info.max)
+        assert rows[name]["min_subnormal"] == float(info.smallest_subnormal)
+    assert rows["e4m3"]["exact"]["min_subnormal"] == "1/512" and "float8_e4m3fn" in rows["e4m3"]["aliases"]
+
+
+def test_cast_json_gives_ml_dtypes_bits(capsys):
+    import json
+
+    assert main(["cast", "0.1", "-1000", "--to", "e4m3,bf16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["input"], r["format"]) for r in rows] == [("0.1", "e4m3"), ("0.1", "bf16"), ("-1000", "e4m3"),
+                                                         ("-1000", "bf16")]
+    for row, dtype in zip(rows, (ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16) * 2):
+        cast = np.array([float(row["input"])]).astype(dtype)
+        want = int(cast.view(np.uint8 if cast.itemsize == 1 else np.uint16)[0])
+        assert row["code"] == want
+    assert rows[2]["result"] == "nan" and rows[0]["result"] == 0.1015625
+    assert rows[0]["neighbours"] == [0.09375, 0.1015625] and rows[0]["rel_error"] == 0.015625
+
+
+def test_study_list_json(capsys):
+    import json
+
+    from fpsim import studies
+
+    assert main(["study", "--list", "--json"]) == 0
+    assert [row["name"] for row in json.loads(capsys.readouterr().out)] == list(studies.STUDIES)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["demo", "--formats", ""], "--formats needs at least one format name"),
+    (["demo", "--formats", " , "], "--formats needs at least one format name"),
+    (["demo", "--steps", "0"], "--steps: must be at least 1, got 0"),
+    (["demo", "--every", "-1"], "--every: must be at least 1"),
+    (["analyze", "--demo", "--threads", "x"], "--threads: 'x' is not an integer"),
+])
+def test_demo_and_analyze_refuse_bad_options_alike(capsys, argv, message):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_progress_appends_lines_to_a_log_file_and_rewrites_one_on_a_terminal():
+    import io
+
+    from fpsim.cli import _Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    log = io.StringIO()
+    progress = _Progress("demo", 1000, stream=log)
+    for step in range(1, 1001):
+        progress(step)
+    progress.done()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and 1 <= len(lines) <= 3  # the first and the last step (and 10 s apart)
+    assert lines[-1].startswith("fpsim demo: step 1000/1000")
+    tty = Terminal()
+    progress = _Progress("demo", 10, stream=tty)
+    progress(1)
+    assert tty.getvalue().startswith("\rfpsim demo: step 1/10") and "ETA" in tty.getvalue()
+    quiet = io.StringIO()
+    progress = _Progress("demo", 10, stream=quiet, quiet=True)
+    progress(5)
+    progress.done()
+    assert quiet.getvalue() == ""
