@@ -15,7 +15,7 @@ from fpsim import exact
 from fpsim.tensorcore import devices
 from fpsim.tensorcore.captures import bundled_captures, load_capture
 from fpsim.tensorcore.core import TensorCore
-from fpsim.tensorcore.reference import reference_dot
+from fpsim.tensorcore.accumulation import reference_dot
 from fpsim.tensorcore.validate import same_bits, validate_case
 
 CAPTURES = {name: load_capture(path) for name, path in sorted(bundled_captures().items())}
