@@ -170,19 +170,19 @@ class _CaptureLog:
 
 def cmd_capture(args) -> int:
     """Record real tensor-core outputs on this machine's CUDA GPU into a capture file."""
-    from .tensorcore import gpu_capture, kernels
+    from .tensorcore import gpu_capture
 
     options = gpu_capture.CaptureOptions(
         out=args.out, rows=args.rows, seed=args.seed, skip_library=args.skip_library, skip_wgmma=args.skip_wgmma,
         sass_dir=args.sass_dir, backend=args.backend, simulate=args.simulate, in_process=args.in_process,
         group_timeout=args.group_timeout, max_mib=args.max_mib, command=" ".join(sys.argv),
         **({"formats": tuple(args.formats.split(","))} if args.formats else {}))
-    problem = None if args.simulate else kernels.cuda_problem()
-    if problem:
-        print(f"fpsim capture: {problem}", file=sys.stderr)
-        return 2
     log = _CaptureLog(args.log)
-    run = gpu_capture.run(options, log)
+    try:
+        run = gpu_capture.run(options, log)
+    except gpu_capture.NoCudaDevice as err:
+        print(f"fpsim capture: {err}", file=sys.stderr)
+        return 2
     failures = run.capture.meta["failures"]
     log(f"wrote {run.path}: {len(run.capture.cases)} case(s), {len(failures)} failure(s), {run.mib:.1f} MiB, "
         f"{run.seconds:.0f} s")

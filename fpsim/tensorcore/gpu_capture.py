@@ -52,7 +52,8 @@ from .core import TensorCore
 from .fragments import (Operand, element_bits, frag_a, frag_b, frag_c, from_elements, pack, pack_wgmma_b,
                         read_wgmma_b, to_elements, unpack)
 from .library_capture import library_cases
-from .probes import case_seed, concat, probe_rows, random_rows
+from .probes import concat, probe_rows
+from .samples import case_seed, random_rows
 
 GROUPS = ("mma", "library", "wgmma")       # the riskiest group last
 BACKENDS = ("auto", "cupy", "torch")
@@ -455,6 +456,10 @@ def _split_library(capture: Capture, out: Path, progress) -> Path | None:
     return other
 
 
+class NoCudaDevice(RuntimeError):
+    """This machine cannot capture (no CUDA device, or no torch); the message says why."""
+
+
 @dataclasses.dataclass
 class CaptureRun:
     """What `run` wrote: the capture (as saved), its path, size and duration."""
@@ -467,7 +472,11 @@ class CaptureRun:
 
 def run(options: CaptureOptions, progress=None) -> CaptureRun:
     """Capture every group into options.out, saved after each group (a later kill keeps what was
-    done). progress(message) receives each progress line; nothing is printed here."""
+    done). progress(message) receives each progress line; nothing is printed here. NoCudaDevice
+    when the machine cannot capture (nothing is simulated unless options.simulate)."""
+    problem = None if options.simulate else kernels.cuda_problem()
+    if problem:
+        raise NoCudaDevice(problem)
     progress = progress or (lambda message: None)
     progress(f"capture: groups {options.groups}, formats {list(options.formats)}, rows {options.rows}, "
              f"seed {options.seed}")

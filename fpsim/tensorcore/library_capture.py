@@ -2,7 +2,7 @@
 
 What cuBLAS returns through PyTorch, with the flags that change its numerics
 (reduced-precision reductions, TF32, FP8 fast accumulation), for K = 64, 1024
-and 8192. Inputs are N(0, 1) values rounded to each format (`probes.rounded`).
+and 8192. Inputs are N(0, 1) values rounded to each format (`samples.rounded`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..formats import format as get_format
 from .captures import CaptureCase, f32_bits, widen_to_f32_bits
-from .probes import case_seed, rounded
+from .samples import case_seed, rounded
 
 
 LIBRARY_KS = (64, 1024, 8192)

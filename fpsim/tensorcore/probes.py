@@ -64,32 +64,25 @@ Families (how to read the result):
     Inf), Inf/NaN c, and overflow of the output format (e.g. fp32 max plus
     half an ulp: RN-even overflows to Inf, RZ stays at max).
 ``random``
-    :func:`random_rows`: ``wide`` rows have random signs, exponents uniform over
-    the input format's normal range (limited so products and sums stay finite
-    in the output format) and random significands, with c of random exponent
-    in the products' range; ``upstream`` rows copy the upstream captures'
-    distribution: a, b normal(0, 1) rounded to the input format, c uniform on
-    [0, 1) rounded to the c format.
+    Not probes: the captures' random rows (`samples.random_rows`), in the same
+    ProbeSet form, tagged ``random:wide`` and ``random:upstream``.
 
 All a and b values are exactly representable in the input format and every c
 in ``c_format``. Every product is exactly representable in binary32 except in
 the probes that test product underflow or overflow themselves (bf16/tf32
 ``subnormal:input:min*min`` and ``max*max``, ``subnormal:output`` products
 below binary32's smallest subnormal grid, ``special:overflow``); their float64
-values are still exact. Probe sets are deterministic; random rows depend only
-on the seed.
+values are still exact. Probe sets are deterministic.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..formats import PRESETS, Format, format as get_format
-from ..rounding import quantize
 from . import devices
 from .captures import is_representable
 
@@ -179,7 +172,8 @@ def concat(*sets: ProbeSet) -> ProbeSet:
 # Building rows
 # ---------------------------------------------------------------------------
 
-def _check_args(inputs: str, k: int, c_format: str) -> None:
+def check_args(inputs: str, k: int, c_format: str) -> None:
+    """Refuse an input format, row length or c format the rows cannot be built for."""
     if inputs not in devices.INPUT_FORMATS:
         raise ValueError(f"unknown input format {inputs!r}; allowed: {list(devices.INPUT_FORMATS)}")
     if c_format not in devices.OUTPUT_FORMATS:
@@ -508,88 +502,9 @@ def probe_rows(inputs: str, k: int, c_format: str = "fp32") -> ProbeSet:
     ``c_format`` is the accumulator's format (the output format of the MMA):
     "fp32" or "fp16". Deterministic: the same arguments give the same rows.
     """
-    _check_args(inputs, k, c_format)
+    check_args(inputs, k, c_format)
     r = _Rows(inputs, int(k), c_format)
     for family in (_exact, _alignment, _blocksize, _rounding, _carry, _subnormal,
                    _monotonicity, _special):
         family(r)
     return r.done()
-
-
-def exact_rows(inputs: str, k: int, c_format: str = "fp32", n: int = 64) -> ProbeSet:
-    """Only the ``exact`` family: rows whose exact result every correct MMA returns."""
-    _check_args(inputs, k, c_format)
-    r = _Rows(inputs, int(k), c_format)
-    _exact(r, n)
-    return r.done()
-
-
-# ---------------------------------------------------------------------------
-# Random rows
-# ---------------------------------------------------------------------------
-
-def case_seed(seed: int, name: str) -> int:
-    """A per-case seed: the same for the same --seed and case on every run."""
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**32)
-
-
-def rounded(x, fmt) -> np.ndarray:
-    """float64 values rounded to ``fmt`` (nearest even, saturating, so that no Inf or NaN appears),
-    through binary32 first, as the recorded captures' random inputs were: the rows of a seed stay
-    the same."""
-    return np.asarray(quantize(quantize(np.asarray(x, dtype=np.float64), "fp32"), fmt, saturate=True),
-                      dtype=np.float64)
-
-
-def _random_significand(rng, n, bits: int) -> np.ndarray:
-    """n significands in [1, 2) with ``bits`` bits, uniformly."""
-    frac = rng.integers(0, 2 ** (bits - 1), n)
-    return 1.0 + frac / 2.0 ** (bits - 1)
-
-
-def _wide(rng, inputs: str, k: int, n: int, c_format: str):
-    spec, out = get_format(inputs), get_format(c_format)
-    # keep |sum| < 2^(out.emax): k * 4 * 2^(2*ehi) <= 2^(out.emax)
-    ehi = min(spec.emax - 1, (out.emax - 2 - math.ceil(math.log2(k))) // 2)
-    elo = max(spec.emin, math.ceil(_FP32.emin / 2))
-    q = spec.precision
-
-    def values(shape):
-        e = rng.integers(elo, ehi + 1, shape)
-        s = rng.choice([-1.0, 1.0], shape)
-        return s * _random_significand(rng, int(np.prod(shape)), q).reshape(shape) * np.exp2(e)
-
-    a, b = values((n, k)), values((n, k))
-    ce = rng.integers(max(2 * elo, out.emin), 2 * ehi + 1, n)
-    c = rng.choice([-1.0, 1.0], n) * _random_significand(rng, n, out.precision) * np.exp2(ce)
-    return a, b, c
-
-
-def _upstream(rng, inputs: str, k: int, n: int, c_format: str):
-    a = rounded(rng.standard_normal((n, k)), inputs)
-    b = rounded(rng.standard_normal((n, k)), inputs)
-    c = rounded(rng.random(n), c_format)
-    return a, b, c
-
-
-def random_rows(inputs: str, k: int, n: int, seed: int, c_format: str = "fp32",
-                style: str = "mixed") -> ProbeSet:
-    """n random rows: ``style`` "wide", "upstream" or "mixed" (half of each)."""
-    _check_args(inputs, k, c_format)
-    if style not in ("wide", "upstream", "mixed"):
-        raise ValueError(f"unknown style {style!r}; allowed: wide, upstream, mixed")
-    rng = np.random.default_rng(seed)
-    parts = []
-    if style in ("wide", "mixed"):
-        nw = n if style == "wide" else n // 2
-        parts.append(("random:wide",) + _wide(rng, inputs, k, nw, c_format))
-    if style in ("upstream", "mixed"):
-        nu = n if style == "upstream" else n - n // 2
-        parts.append(("random:upstream",) + _upstream(rng, inputs, k, nu, c_format))
-    tags = np.concatenate([np.full(p[1].shape[0], p[0]) for p in parts]).astype(str)
-    ps = ProbeSet(inputs, k, c_format, tags,
-                  np.concatenate([p[1] for p in parts]).reshape(-1, k),
-                  np.concatenate([p[2] for p in parts]).reshape(-1, k),
-                  np.concatenate([p[3] for p in parts]))
-    ps.check()
-    return ps

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from fpsim.cli import main
-from fpsim.tensorcore import devices, kernels, probes
+from fpsim.tensorcore import devices, kernels, probes, samples
 from fpsim.tensorcore import fragments as fr
 from fpsim.tensorcore import gpu_capture as gc
 from fpsim.tensorcore.captures import load_capture
@@ -168,7 +168,7 @@ def test_instruction_case_through_the_simulator():
     assert case.meta["self_check"]["passed"]
     assert case.meta["rows_random"] == 64 and case.rows == case.meta["rows_probe"] + 64
     ps = probes.concat(probes.probe_rows("bf16", 16, "fp32"),
-                       probes.random_rows("bf16", 16, 64, probes.case_seed(0, spec.kernel), "fp32"))
+                       samples.random_rows("bf16", 16, 64, samples.case_seed(0, spec.kernel), "fp32"))
     np.testing.assert_array_equal(case.a_values, ps.a)
     assert list(case.tags) == list(ps.tags)
     exact = ps.family_mask("exact")           # float64 sums, exact: what every MMA returns
@@ -286,16 +286,16 @@ def test_probes_representable_and_deterministic(fmt, k, c_format):
 
 @pytest.mark.parametrize("fmt,k", FORMAT_K[::2])
 def test_random_rows(fmt, k):
-    r1 = probes.random_rows(fmt, k, 200, seed=5)
-    r2 = probes.random_rows(fmt, k, 200, seed=5)
-    r3 = probes.random_rows(fmt, k, 200, seed=6)
+    r1 = samples.random_rows(fmt, k, 200, seed=5)
+    r2 = samples.random_rows(fmt, k, 200, seed=5)
+    r3 = samples.random_rows(fmt, k, 200, seed=6)
     assert np.array_equal(r1.a, r2.a) and not np.array_equal(r1.a, r3.a)
     assert_representable(r1.a, fmt, "a")
     assert_representable(r1.b, fmt, "b")
     assert_representable(r1.c, "fp32", "c")
     assert (r1.tags == "random:wide").sum() == 100 and (r1.tags == "random:upstream").sum() == 100
     assert np.isfinite(r1.exact_sum()).all()
-    r16 = probes.random_rows(fmt, k, 100, seed=5, c_format="fp16")
+    r16 = samples.random_rows(fmt, k, 100, seed=5, c_format="fp16")
     assert_representable(r16.c, "fp16", "c")
     assert (np.abs(r16.exact_sum()) < 65504).all()
 
@@ -497,7 +497,7 @@ def test_dry_run_builds_every_kernel_source_and_case(cc):
         for spec in chosen:
             assert f'name == "{spec.kernel}"' in source and spec.instruction in source
             ps = probes.concat(probes.probe_rows(spec.inputs, spec.k, spec.acc),
-                               probes.random_rows(spec.inputs, spec.k, 16, 0, spec.acc))
+                               samples.random_rows(spec.inputs, spec.k, 16, 0, spec.acc))
             A, B, C = gc.rows_to_tiles(ps.a, ps.b, ps.c, spec.m)
             a_regs, b_words, c_regs = gc.pack_operands(spec, A, B, C)
             tiles = A.shape[0]

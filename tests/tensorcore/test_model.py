@@ -177,6 +177,25 @@ def test_nonmonotonic_block_sums():
     assert example["d"][1] < example["d"][0]
 
 
+def test_binary32_toward_zero_fast_path_is_exact():
+    """The block sum's rounding to binary32 toward zero (a cast-and-step fast path) against exact.py,
+    on sums near every kind of edge: ties, one float64 step either side, subnormals, the top binade."""
+    from fpsim._arrays import Ops
+    from fpsim.tensorcore.blockfma import round_sum
+
+    rng = np.random.default_rng(12)
+    base = np.float32(rng.standard_normal(300)).astype(np.float64) * 2.0 ** rng.integers(-150, 128, 300)
+    half = np.spacing(np.abs(base).astype(np.float32)).astype(np.float64) / 2
+    totals = np.concatenate([base, base + half, base - half, np.nextafter(base + half, np.inf),
+                             np.nextafter(base - half, -np.inf), [0.0, -0.0, 2.0**-149, 2.0**-150, 3 * 2.0**-151,
+                                                                  float(np.finfo(np.float32).max) * (1 + 2.0**-30)]])
+    totals = totals[np.abs(totals) < 2.0**128]
+    params = TensorCore("h100", "fp16", "fp32").params
+    got = round_sum(totals, params, Ops(totals))
+    want = [exact.round_value(Fraction(float(t)), "fp32", "toward_zero") if t != 0 else 0.0 for t in totals]
+    assert same_bits(got, want).all() and not np.signbit(got[totals == 0]).any()
+
+
 # -------------------------------------------------------------- references
 def test_reference_summations():
     rng = np.random.default_rng(5)
