@@ -198,7 +198,7 @@ def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
     shift = params.window_bits - _as(top, "int32", ops)
     scale64 = _pow2(shift, c, ops)
     if str(products.dtype).endswith("float32"):
-        scale = _pow2(ops.clip(shift, hi=127), products, ops)  # beyond: every product is 0
+        scale = _pow2(ops.clip(shift, hi=PRESETS["fp32"].emax), products, ops)  # beyond: every product is 0
     else:
         scale = scale64
     products *= scale[..., None]  # in place: products(ks) made this array for this block

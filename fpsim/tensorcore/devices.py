@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..formats import format as get_format
-from .blockfma import BlockFMA
+from .blockfma import OUTPUTS, BlockFMA
 
 GENERATIONS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
@@ -37,8 +37,8 @@ INPUT_GROUPS = (("fp16",), ("bf16",), ("tf32",), ("e4m3", "e5m2"))
 """The input formats of the tensor cores; formats of one group may be mixed in one
 instruction (A in e4m3, B in e5m2: FP8 only)."""
 INPUT_FORMATS = tuple(name for group in INPUT_GROUPS for name in group)
-OUTPUT_FORMATS = ("fp32", "fp16")
-"""Accumulator formats (C and D of an instruction)."""
+OUTPUT_FORMATS = OUTPUTS
+"""Accumulator formats (C and D of an instruction), the block-FMA engine's outputs."""
 
 PATHS = ("native", "fp16")
 """How FP8 products reach the tensor core: "native" FP8 MMAs (wgmma on Hopper,
@@ -84,7 +84,7 @@ _FROM = {gen: GENERATIONS[i:] for i, gen in enumerate(GENERATIONS)}  # a generat
 
 
 def _instructions() -> tuple[Instruction, ...]:
-    both, fp32 = ("fp32", "fp16"), ("fp32",)
+    both, fp32 = OUTPUT_FORMATS, ("fp32",)
     fp8 = INPUT_GROUPS[-1]
     mma = [Instruction("mma", 8, 8, 4, "fp16", both, ("volta", "turing")),
            Instruction("mma", 16, 8, 16, "fp16", both, _FROM["ampere"]),

@@ -103,7 +103,7 @@ def _run_library_call(torch, c: LibraryCall, A, B, dev):
     """The result tensor of one call (flags set for the call only)."""
     if c.call == "torch._scaled_mm":
         one = torch.ones((), device=dev, dtype=torch.float32)
-        odt = torch.float32 if c.output == "fp32" else torch.bfloat16
+        odt = get_format(c.output).torch_dtype
         return torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=odt,
                                 use_fast_accum=c.flags["use_fast_accum"])
     if c.call.startswith("torch.mm(out_dtype"):

@@ -120,12 +120,6 @@ class ProbeSet:
     def __len__(self) -> int:
         return int(self.tags.shape[0])
 
-    @property
-    def families(self) -> dict:
-        """Family name -> description, for the families present."""
-        present = {t.split(":")[1] if t.startswith("probe:") else t.split(":")[0] for t in self.tags}
-        return {f: d for f, d in FAMILIES.items() if f in present}
-
     def select(self, mask) -> "ProbeSet":
         """The rows where ``mask`` is true."""
         mask = np.asarray(mask)

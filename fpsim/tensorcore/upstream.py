@@ -70,7 +70,7 @@ def read_upstream_folder(folder, rows: int | None = None) -> dict:
     b = _read_hex_rows(one("b_*.txt"), rows)
     c = _read_bin_rows(one("c_*.txt"), rows)
     d = {}
-    for out in ("fp32", "fp16"):
+    for out in devices.OUTPUT_FORMATS:
         p = folder / f"d_{gpu}_{out}.txt"
         if p.exists():
             d[out] = _read_bin_rows(p, rows)

@@ -508,3 +508,15 @@ def test_dry_run_builds_every_kernel_source_and_case(cc):
             assert block == 128 and grid * (4 if group == "mma" else 1) >= tiles
         ran += len(chosen)
     assert ran == wanted
+
+
+def test_fp8_path_read_from_the_real_h200_sass():
+    """The SASS nvcc 13.0 made of our kernels on the H200 (docs/captures/) gives the path the bundled
+    capture records for each FP8 case: HMMA (binary16 MMAs) for mma.sync, QGMMA for wgmma."""
+    h200 = load_capture(REPO / "fpsim" / "data" / "captures" / "h200.npz", check_values=False)
+    for group in ("mma", "wgmma"):
+        sass = (REPO / "docs" / "captures" / f"h200-{group}.sass").read_text()
+        for spec in (s for s in gc.MMA_SPECS if s.group == group and devices.is_fp8(s.inputs)):
+            path = kernels.fp8_path_from_sass(sass, spec.kernel)
+            assert path == ("fp16" if group == "mma" else "native") == h200.case(spec.kernel).meta["path"]
+    assert kernels.fp8_path_from_sass(sass, "no_such_kernel") is None
