@@ -176,7 +176,7 @@ def cmd_capture(args) -> int:
         out=args.out, rows=args.rows, seed=args.seed, skip_library=args.skip_library, skip_wgmma=args.skip_wgmma,
         sass_dir=args.sass_dir, backend=args.backend, simulate=args.simulate, in_process=args.in_process,
         group_timeout=args.group_timeout, max_mib=args.max_mib, command=" ".join(sys.argv),
-        **({"formats": tuple(args.formats.split(","))} if args.formats else {}))
+        **({"formats": tuple(args.formats.split(","))} if args.formats is not None else {}))
     log = _CaptureLog(args.log)
     try:
         run = gpu_capture.run(options, log)

@@ -283,6 +283,8 @@ class CaptureOptions:
         self.sass_dir = Path(self.sass_dir) if self.sass_dir is not None else None
         self.formats = tuple(f.strip().lower() for f in self.formats if f.strip())
         unknown = sorted(set(self.formats) - set(devices.INPUT_FORMATS))
+        if not self.formats:
+            raise ValueError(f"formats names no format; allowed: {list(devices.INPUT_FORMATS)}")
         if unknown:
             raise ValueError(f"unknown format(s) {unknown}; allowed: {list(devices.INPUT_FORMATS)}")
         if not isinstance(self.rows, int) or self.rows < 0:
