@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -507,7 +508,19 @@ def test_dry_run_builds_every_kernel_source_and_case(cc):
             grid, block = kernels.launch_shape(spec.group, tiles)
             assert block == 128 and grid * (4 if group == "mma" else 1) >= tiles
         ran += len(chosen)
+        if NVCC and chosen and cc not in ((8, 0), (9, 0)):   # (those two: the nvcc tests below)
+            assert set(ptx_entries(group, cc)) == {s.kernel for s in chosen}
     assert ran == wanted
+
+
+def ptx_entries(group, cc):
+    """The kernels nvcc builds from a group's source with the capture's flags for cc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "k.ptx"
+        res = subprocess.run([NVCC, "--ptx", *kernels.compile_flags(cc), "-o", str(out),
+                              str(kernels.cuda_source_path(group))], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return re.findall(r"^\.visible \.entry (\w+)\(", out.read_text(), flags=re.M)
 
 
 def test_fp8_path_read_from_the_real_h200_sass():
