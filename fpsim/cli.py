@@ -186,14 +186,13 @@ def _cast_facts(text: str, value, stand_in, fmt: Format, result: float, args) ->
 
 
 def cmd_validate(args) -> int:
-    """Compare a capture (file, upstream folder or bundled name) with the model, case by case."""
-    from pathlib import Path
+    """Compare a capture (file, upstream folder or bundled name) with the model, case by case.
 
-    from .tensorcore import captures, validate
+    Exit status 1 when an instruction-level case is not reproduced bit for bit (library calls are
+    reported, not judged: the library picks its own summation order)."""
+    from .tensorcore import validate
 
-    bundled = captures.bundled_captures()
-    source = bundled[args.capture.lower()] if args.capture.lower() in bundled and not Path(args.capture).exists() \
-        else args.capture
+    source = validate.capture_source(args.capture)
     capture = validate.read_capture(source)
     device = args.device or validate.guess_device(capture.meta.get("gpu", ""))
     overrides = {"path": args.path} if args.path else {}
@@ -201,9 +200,8 @@ def cmd_validate(args) -> int:
     print(f"capture: {source} ({capture.meta.get('gpu', '?')}), model: {device}")
     print(f"{'case':44} {'level':11} {'formats':13} {'K':>5} {'rows':>6} {'bit-exact':>10}")
     for r in results:
-        level = capture.case(r.name).meta["level"]
         share = f"{100 * r.agreement:9.1f}%" if r.rows else "      -"
-        print(f"{r.name:44} {level:11} {r.inputs + '->' + r.output:13} {r.k:5} {r.rows:6} {share}"
+        print(f"{r.name:44} {r.level:11} {r.inputs + '->' + r.output:13} {r.k:5} {r.rows:6} {share}"
               + (f"  ({r.note})" if r.note else ""))
         if args.show and r.mismatches:
             case = capture.case(r.name)
@@ -212,12 +210,17 @@ def cmd_validate(args) -> int:
                 tag = f" [{tags[i]}]" if tags is not None and case.kind == "dot" else ""
                 print(f"    row {i}{tag}: GPU {float(np.ravel(case.d_values)[i])!r}")
     for level in ("instruction", "library"):
-        chosen = [r for r in results if capture.case(r.name).meta["level"] == level and r.rows]
+        chosen = [r for r in results if r.level == level and r.rows]
         if chosen:
             rows, matched = sum(r.rows for r in chosen), sum(r.matched for r in chosen)
             print(f"{level}: {matched}/{rows} values bit-exact ({100 * matched / rows:.2f}%) "
                   f"in {len(chosen)} case(s)")
-    return 0
+    if validate.all_bit_exact(results):
+        return 0
+    failed = [r.name for r in results if r.level == "instruction" and not r.bit_exact]
+    print(f"fpsim validate: {len(failed)} instruction-level case(s) not bit-exact: {', '.join(failed)}",
+          file=sys.stderr)
+    return 1
 
 
 def cmd_probes(args) -> int:
@@ -231,11 +234,45 @@ def cmd_probes(args) -> int:
     return 0
 
 
-def cmd_capture(args, rest) -> int:
-    """Run the GPU capture (its own option parser lives with it, as it also runs standalone)."""
+class _CaptureLog:
+    """The capture's progress callback: timestamped lines on stdout, appended to --log FILE too."""
+
+    def __init__(self, path):
+        self.path = path
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def __call__(self, message: str) -> None:
+        import time
+
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+
+def cmd_capture(args) -> int:
+    """Record real tensor-core outputs on this machine's CUDA GPU into a capture file."""
     from .tensorcore import gpu_capture
 
-    return gpu_capture.main(rest)
+    options = gpu_capture.CaptureOptions(
+        out=args.out, rows=args.rows, seed=args.seed, skip_library=args.skip_library, skip_wgmma=args.skip_wgmma,
+        sass_dir=args.sass_dir, backend=args.backend, simulate=args.simulate, in_process=args.in_process,
+        group_timeout=args.group_timeout, max_mib=args.max_mib, command=" ".join(sys.argv),
+        **({"formats": tuple(args.formats.split(","))} if args.formats is not None else {}))
+    log = _CaptureLog(args.log)
+    try:
+        run = gpu_capture.run(options, log)
+    except gpu_capture.NoCudaDevice as err:
+        print(f"fpsim capture: {err}", file=sys.stderr)
+        return 2
+    failures = run.capture.meta["failures"]
+    log(f"wrote {run.path}: {len(run.capture.cases)} case(s), {len(failures)} failure(s), {run.mib:.1f} MiB, "
+        f"{run.seconds:.0f} s")
+    for f in failures:
+        log(f"  failure {f['case']}: {f['error'].splitlines()[0]}")
+    return 0 if run.capture.cases else 1
 
 
 def cmd_study(args) -> int:
@@ -474,6 +511,14 @@ def _add_analyzer_options(p, with_modules: bool = False) -> None:
                        help="which modules to record (default params: modules holding parameters)")
 
 
+def _count(text: str) -> int:
+    """An integer >= 0, for argparse."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -497,19 +542,21 @@ def build_parser() -> argparse.ArgumentParser:
                                             re.IGNORECASE)
     p.set_defaults(func=cmd_cast)
 
-    p = sub.add_parser("validate", help="compare real tensor-core outputs with the model, bit for bit")
+    p = sub.add_parser("validate", help="compare real tensor-core outputs with the model, bit for bit "
+                                        "(exit 1 when an instruction-level case is not bit-exact)")
     p.add_argument("capture", help="a capture file (.npz), an upstream text folder, or a bundled name "
                                    "(v100, a100, l40s, h100, h200, b200)")
     p.add_argument("--device", help="device model to use (default: the capture's GPU)")
     p.add_argument("--path", choices=["native", "fp16"], help="FP8 path for every case (default: each case's own)")
-    p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N mismatching rows per case")
+    p.add_argument("--show", type=_count, default=0, metavar="N", help="print the first N mismatching rows per case")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("probes", help="tensor-core features shown by the standard probes, for a device model")
-    p.add_argument("--device", default="h100")
-    p.add_argument("--inputs", default="fp16")
-    p.add_argument("--output", default="fp32")
-    p.add_argument("--path", choices=["native", "fp16"])
+    p.add_argument("--device", default="h100", help="product or generation name (default h100)")
+    p.add_argument("--inputs", default="fp16", help="input format of the tensor core (default fp16)")
+    p.add_argument("--output", default="fp32", help="output (accumulator) format (default fp32)")
+    p.add_argument("--path", choices=["native", "fp16"],
+                   help="FP8 only: native FP8 MMAs or binary16 MMAs (default: native where the device has it)")
     p.set_defaults(func=cmd_probes)
 
     p = sub.add_parser("study", help="run reproducible studies: regenerate their figures and pages in docs/")
@@ -522,9 +569,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_options(p)
     p.set_defaults(func=cmd_study)
 
-    p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU "
-                                       "(options: fpsim capture --help)", add_help=False)
-    p.set_defaults(func=cmd_capture, passthrough=True)
+    p = sub.add_parser("capture", help="record real tensor-core outputs on this machine's CUDA GPU (docs/capture.md)",
+                       description="Record real tensor-core outputs (instruction-level MMAs and cuBLAS calls) on this "
+                                   "machine's CUDA GPU into a capture file; compare it with `fpsim validate FILE`.")
+    p.add_argument("--out", required=True, help="capture file to write (.npz)")
+    p.add_argument("--formats", help="input formats, comma-separated (default: every format the tensor cores take)")
+    p.add_argument("--rows", type=_count, default=4096,
+                   help="random rows per instruction case, half wide-spread, half upstream-like "
+                        "(probes come on top; default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random rows and inputs (default 0)")
+    p.add_argument("--skip-library", action="store_true", help="no torch library-level cases")
+    p.add_argument("--skip-wgmma", action="store_true", help="no Hopper wgmma cases")
+    p.add_argument("--log", help="append progress to this file")
+    p.add_argument("--sass-dir", help="write cuobjdump SASS of the kernels here")
+    p.add_argument("--backend", choices=("auto", "cupy", "torch"), default="auto",
+                   help="kernel launcher: CuPy if importable (auto), or torch load_inline")
+    p.add_argument("--simulate", action="store_true",
+                   help="no GPU: run the instruction cases through fpsim's own model (tests the host code; "
+                        "not tensor-core data)")
+    p.add_argument("--in-process", action="store_true", help="run the groups in this process (no isolation)")
+    p.add_argument("--group-timeout", type=int, default=None, metavar="S",
+                   help="seconds before a group's process is stopped (default: per group)")
+    p.add_argument("--max-mib", type=float, default=15.0,
+                   help="above this size, library cases go to a second file <out>-library.npz (default 15)")
+    p.set_defaults(func=cmd_capture)
     p = sub.add_parser("demo", help="train a small model on generated data, observe it, write a gradient-"
                                     "underflow report (fpsim-report/)")
     _add_analyzer_options(p)
@@ -543,12 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest and not getattr(args, "passthrough", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
     try:
-        if getattr(args, "passthrough", False):
-            return args.func(args, rest)
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"fpsim {args.command}: error: {err}", file=sys.stderr)

@@ -17,7 +17,7 @@ import numpy as np
 
 import fpsim
 from fpsim import plots
-from fpsim.tensorcore.reference import reference_dot
+from fpsim.tensorcore.accumulation import reference_dot
 
 TITLE = "Accumulation error against K on each GPU's tensor cores"
 CLAIM = (
@@ -99,7 +99,7 @@ For each distribution, {rows} rows of {kmax} values for a and b are drawn (numpy
 each model with c = 0 (`fpsim.TensorCore(device, inputs, "fp32", ...).dot`). s is the exact sum (`math.fsum`
 of the exact products: correctly rounded binary64). The error of a row is |d − s| / |s|; the tables give the
 largest and the median over the rows, and the normwise error ‖d − s‖₂ / ‖s‖₂ over all rows. The binary32
-references (`fpsim.tensorcore.reference.reference_dot`) run on the fp16-rounded inputs. The H800 of the
+references (`fpsim.tensorcore.accumulation.reference_dot`) run on the fp16-rounded inputs. The H800 of the
 DeepSeek report is a Hopper GPU, modelled by the `h100` preset (window of 13 fraction bits: 14 bits with the
 leading one, the report's "around 14 bits").
 """)

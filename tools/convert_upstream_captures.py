@@ -6,7 +6,7 @@ north-numerical-computing/MATLAB-tensor-core, as laid out in
 shared/gpu-captures) and writes one ``fpsim/data/captures/<gpu>.npz`` per GPU,
 plus ``LICENCE-upstream.txt`` and a ``README.md`` with the provenance.
 
-How c is stored follows :func:`fpsim.tensorcore.captures.upstream_case_rules`;
+How c is stored follows :func:`fpsim.tensorcore.upstream.upstream_case_rules`;
 this script checks each rule against the data and writes what it measured
 into the case's notes, failing if the data contradict a rule.
 
@@ -27,9 +27,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fpsim.tensorcore.captures import (  # noqa: E402
-    UPSTREAM_CC, bits_to_f64, fp16_round_bits, load_upstream_text, read_upstream_folder,
-    save_capture)
+from fpsim.rounding import quantize  # noqa: E402
+from fpsim.tensorcore.captures import bits_to_f64, save_capture  # noqa: E402
+from fpsim.tensorcore.devices import is_fp8  # noqa: E402
+from fpsim.tensorcore.upstream import (  # noqa: E402
+    compute_capability, fp16_round_bits, load_upstream_text, read_upstream_folder)
 
 UPSTREAM_REPO = "north-numerical-computing/MATLAB-tensor-core"
 REFERENCE = ('F. A. Khattak and M. Mikaitis, "Accurate Models of NVIDIA Tensor Cores", '
@@ -56,7 +58,7 @@ def exact_dots(a_bits, b_bits) -> np.ndarray:
 
 
 def round_out(x, output: str) -> np.ndarray:
-    return x.astype(np.float16 if output == "fp16" else np.float32).astype(np.float64)
+    return np.asarray(quantize(x, output), dtype=np.float64)
 
 
 def c_hypotheses(c_bits) -> dict:
@@ -103,7 +105,7 @@ def check_rule(gpu: str, inputs: str, output: str, stats: dict, disc: tuple) -> 
     f32 = stats["c as in the file (binary32)"]
     f16 = stats["c rounded to binary16"]
     zero = stats["c = 0"]
-    fp8 = inputs in ("e4m3", "e5m2")
+    fp8 = is_fp8(inputs)
     n, wins32, wins16 = disc
     if output == "fp16" and not fp8:
         if f16["rn_match"] < 0.99 or f16["rn_match"] <= f32["rn_match"]:
@@ -156,7 +158,7 @@ def convert_gpu(gpu_dir: Path, rows: int, dest: Path, created: str) -> Path:
                                        describe_evidence(stats, case.rows)])
         case.meta["upstream_files"] = f"{gpu}/{fmt_dir.name}/"
     capture.meta.update({
-        "gpu": f"NVIDIA {gpu}", "compute_capability": UPSTREAM_CC.get(gpu.upper()),
+        "gpu": f"NVIDIA {gpu}", "compute_capability": compute_capability(gpu),
         "backend": "upstream-text", "created": created, "seed": None,
         "source": (f"{UPSTREAM_REPO}, model_validation data (first {rows} rows of each case), "
                    f"converted by tools/convert_upstream_captures.py. Reference: {REFERENCE}."),

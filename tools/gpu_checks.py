@@ -26,17 +26,30 @@ import torch
 import fpsim
 from fpsim.formats import PRESETS
 from fpsim.modes import DETERMINISTIC_MODES
+from fpsim.tensorcore import devices
 from fpsim.tensorcore.core import TensorCore
 
 MODES = DETERMINISTIC_MODES
 
 
+def edges() -> list[float]:
+    """Each preset's range edges, from its Format: max, the overflow tie above it (max plus half a
+    step of the top binade), min normal, min subnormal and the tie below it, with both signs."""
+    values = [0.0, np.inf, np.nan]
+    for fmt in PRESETS.values():
+        if fmt.bits > 32:
+            continue
+        top_step = 2.0 ** (fmt.emax - fmt.man_bits)
+        values += [float(fmt.max), float(fmt.max) + top_step / 2, float(fmt.min_normal),
+                   float(fmt.min_subnormal), float(fmt.min_subnormal) / 2]
+    return values + [-v for v in values]
+
+
 def inputs(rng) -> np.ndarray:
     """Values of every magnitude, ties and edges included."""
     wide = rng.standard_normal(200_000) * 2.0 ** rng.integers(-140, 130, 200_000)
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 448.0, 464.0, 465.0, 2.0**-9, 2.0**-10, 65504.0, 65520.0])
     halves = (rng.integers(-4000, 4000, 50_000) + 0.5) * 2.0 ** rng.integers(-30, 10, 50_000)
-    return np.concatenate([wide, special, halves])
+    return np.concatenate([wide, np.array(edges()), halves])
 
 
 def bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -106,16 +119,15 @@ def check_stochastic(report) -> int:
 
 def check_tensorcore(report, rng) -> int:
     failures = 0
-    for device, inputs_fmt, output in (("h100", "fp16", "fp32"), ("h100", "bf16", "fp32"), ("h100", "e4m3", "fp32"),
-                                       ("h100", "e4m3", "fp16"), ("a100", "tf32", "fp32"), ("v100", "fp16", "fp16")):
+    for device, inputs_fmt, output, path in sorted(devices.PARAMETERS):  # every modelled data path
         A = np.asarray(fpsim.quantize(rng.standard_normal((48, 96)) * 2.0 ** rng.integers(-6, 6, (48, 96)), inputs_fmt))
         B = np.asarray(fpsim.quantize(rng.standard_normal((96, 24)), inputs_fmt))
         C = np.asarray(fpsim.quantize(rng.standard_normal((48, 24)), output), dtype=np.float64)
-        tc = TensorCore(device, inputs_fmt, output)
+        tc = TensorCore(device, inputs_fmt, output, path=path)
         want = np.asarray(tc.matmul(A, B, C), dtype=np.float32)
         got = tc.matmul(torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda(), torch.from_numpy(C).cuda())
         same = bits_equal(want, got.cpu().float().numpy())
-        report["tensorcore"].append({"device": device, "inputs": inputs_fmt, "output": output,
+        report["tensorcore"].append({"device": device, "inputs": inputs_fmt, "output": output, "path": path,
                                      "equal": bool(same.all()), "cuda": bool(got.is_cuda)})
         failures += int(not same.all())
     return failures

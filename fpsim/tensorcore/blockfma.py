@@ -18,15 +18,19 @@ FMAs. One block FMA computes d = c + sum of F exact products:
    with a negative extra_bits the binary32 result keeps only 23 + extra_bits
    fraction bits). A result beyond the output range is Inf.
 
-Blocks are chained in k order: each block's rounded result is the next
-block's c. Two more features describe FP8 instructions with a binary16
-accumulator, which Hopper and Blackwell run as two binary16 MMAs (found in the
-captures, see docs/tensorcore.md): within one instruction of
-`instruction_k` products the order can be "pairs" (products with k mod 4 in
-{0, 1} first, then those with k mod 4 in {2, 3}), and c can enter "last":
-added to the instruction's result with one more rounding. The arithmetic below is exact: products of formats up to 11
-significand bits are exact in float64, truncation is `trunc` of a float64
-scaled by a power of two, and sums stay below 2^53.
+An instruction takes `instruction_k` products: its blocks are chained, each
+block's rounded result being the next block's c. Two more features describe
+FP8 instructions with a binary16 accumulator, which Hopper and Blackwell run as
+two binary16 MMAs (found in the captures, see docs/tensorcore.md): the order
+can be "pairs" (the products with k mod 4 in {0, 1} form the first half of the
+instruction, the others the second; each half is cut into blocks), and c can
+enter "last": added to the instruction's result with one more rounding.
+
+The arithmetic is exact: products of formats up to 11 significand bits are
+exact in float32 or float64, truncation is `trunc` of a product scaled by a
+power of two, and sums stay below 2^53. A block-scaled MMA (a scale 2^s per
+block of K, as MX formats have) fits the same step: s adds to the block's
+alignment exponents and to the power of two its products are scaled by.
 """
 
 from __future__ import annotations
@@ -36,10 +40,15 @@ import dataclasses
 import numpy as np
 
 from .. import _arrays
-from ..formats import Format, PRESETS
+from ..formats import PRESETS, Format
+from ..modes import check_rounding
 from ..rounding import quantize
 
-_NO_EXPONENT = -100000  # alignment exponent of a zero term: never the maximum
+OUTPUTS = ("fp32", "fp16")
+"""The accumulator formats the engine aligns to (its window counts binary32 fraction bits)."""
+
+ZERO_EXPONENT = -16000
+"""Alignment exponent given to zero terms (int16; a sum of two still fits): never the largest."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +65,8 @@ class BlockFMA:
     subnormal_outputs: False flushes subnormal c and results to zero.
     reduced_output: a negative extra_bits also drops as many fraction bits of
         the binary32 result (Ada and Hopper FP8).
-    instruction_k: products per MMA instruction; k_order and c_position act
-        within one instruction.
+    instruction_k: products per MMA instruction (None: one block); k_order and
+        c_position act within one instruction.
     k_order: "sequential" or "pairs" (see the module doc).
     c_position: "first" (c is aligned with the first block's products) or
         "last" (added to the instruction's result, rounded once more).
@@ -76,18 +85,25 @@ class BlockFMA:
     c_position: str = "first"
 
     def __post_init__(self) -> None:
-        if self.k_order not in ("sequential", "pairs"):
-            raise ValueError(f"k_order must be 'sequential' or 'pairs', got {self.k_order!r}")
-        if self.c_position not in ("first", "last"):
-            raise ValueError(f"c_position must be 'first' or 'last', got {self.c_position!r}")
-        if self.instruction_k is not None and (self.instruction_k % self.block_size or self.instruction_k % 4):
-            raise ValueError(f"instruction_k must be a multiple of block_size and of 4, got {self.instruction_k!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
         if not -23 < self.extra_bits <= 24:
             raise ValueError(f"extra_bits must be in -22..24, got {self.extra_bits!r}")
-        if self.output not in ("fp32", "fp16"):
-            raise ValueError(f"output must be 'fp32' or 'fp16', got {self.output!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
+        check_rounding(self.rounding)
+        if self.k_order not in ("sequential", "pairs"):
+            raise ValueError(f"k_order must be 'sequential' or 'pairs', got {self.k_order!r}")
+        if self.c_position not in ("first", "last"):
+            raise ValueError(f"c_position must be 'first' or 'last', got {self.c_position!r}")
+        k = self.instruction_k
+        if k is not None and (not isinstance(k, int) or k < 1 or (self.k_order == "pairs" and k % 4)):
+            raise ValueError(f"instruction_k must be a positive int (a multiple of 4 with k_order 'pairs'), got {k!r}")
+
+    @property
+    def k(self) -> int:
+        """Products per instruction."""
+        return self.instruction_k or self.block_size
 
     @property
     def output_format(self) -> Format:
@@ -97,31 +113,58 @@ class BlockFMA:
             return Format(out.exp_bits, out.man_bits + self.extra_bits, out.bias, name=f"fp32_{out.man_bits + self.extra_bits}m")
         return out
 
-    def instruction_order(self, K: int) -> list:
-        """Index arrays, one per block, in the order the hardware adds the products of k = 0..K-1."""
-        import numpy as np
-
-        chunk = self.instruction_k or self.block_size
-        blocks = []
-        for lo in range(0, K, chunk):
-            ks = np.arange(lo, lo + chunk)
-            if self.k_order == "pairs":
-                ks = np.concatenate([ks[(ks - lo) % 4 < 2], ks[(ks - lo) % 4 >= 2]])
-            for start in range(0, chunk, self.block_size):
-                block = ks[start:start + self.block_size]
-                block = block[block < K]
-                if block.size:
-                    blocks.append(block)
-        return blocks
-
     @property
     def window_bits(self) -> int:
         """Fraction bits kept below the leading bit of the largest term."""
         return 23 + self.extra_bits
 
+    def blocks(self, start: int, k: int) -> list:
+        """The blocks of one instruction of products start..start+k-1 (k <= self.k), in the order the
+        hardware adds them: slices where a block is contiguous, index arrays otherwise."""
+        F = self.block_size
+        if self.k_order == "sequential":
+            return [slice(lo, min(lo + F, start + k)) for lo in range(start, start + k, F)]
+        ks = np.arange(start, start + k)
+        halves = (ks[(ks - start) % 4 < 2], ks[(ks - start) % 4 >= 2])
+        return [half[lo:lo + F] for half in halves for lo in range(0, half.size, F)]
 
-ZERO_EXPONENT = -16000
-"""Alignment exponent given to zero terms (int16; a sum of two still fits): never the largest."""
+
+def instruction(products, start: int, k: int, c, params: BlockFMA, ops, finite: bool):
+    """One MMA instruction: products start..start+k-1 added to c (float64, in the output format).
+
+    products(ks) returns the products of index slice or array ks and their
+    alignment exponents; finite: no product is Inf or NaN.
+    """
+    d = ops.constant(0.0, c) if params.c_position == "last" else c
+    for ks in params.blocks(start, k):
+        p, exponents = products(ks)
+        d = block(p, exponents, d, params, ops, finite)
+    if params.c_position == "last":
+        d = quantize(d + c, params.output_format, "nearest_even")
+    return d
+
+
+def block(p, exponents, c, params: BlockFMA, ops, finite_products: bool):
+    """One block FMA, with the IEEE special cases (NaN, Inf) settled first."""
+    c_finite = abs(c) < float("inf")
+    if finite_products and bool(c_finite.all()):
+        return block_step(p, exponents, c, alignment_exponents(c, PRESETS["fp32"], ops), params, ops)
+    p_ok = abs(p) < float("inf")
+    p_clean = ops.where(p_ok, p, ops.constant(0.0, p))
+    e_clean = ops.where(p_ok, exponents, ops.constant(ZERO_EXPONENT, exponents))
+    c_clean = ops.where(c_finite, c, 0.0)
+    d = block_step(p_clean, e_clean, c_clean, alignment_exponents(c_clean, PRESETS["fp32"], ops), params, ops)
+    return _specials(p, c, d, ops)
+
+
+def _specials(p, c, d, ops):
+    """IEEE rules for a block with NaN or Inf among its products or c."""
+    isnan = (p != p).any(-1) | (c != c)
+    pos = (p == float("inf")).any(-1) | (c == float("inf"))
+    neg = (p == float("-inf")).any(-1) | (c == float("-inf"))
+    d = ops.where(pos, float("inf"), d)
+    d = ops.where(neg, float("-inf"), d)
+    return ops.where(isnan | (pos & neg), float("nan"), d)
 
 
 def alignment_exponents(x, input_format: Format, ops):
@@ -130,15 +173,12 @@ def alignment_exponents(x, input_format: Format, ops):
     This is where the hardware reads x's significand from: subnormal inputs keep
     the format's emin, so a product's significand lies in [0, 4).
     """
-    nonzero = x != 0
-    exponent = ops.floor_log2(ops.where(nonzero, x, 1.0))
-    exponent = ops.clip(exponent, lo=input_format.emin)
-    exponent = ops.where(nonzero, exponent, ZERO_EXPONENT)
-    return exponent.to(_arrays._torch.int16) if ops.torch else exponent.astype(np.int16)
+    exponent = ops.clip(ops.floor_log2(x), lo=input_format.emin)  # (frexp reads 0 as 0.5 * 2^0: no warning)
+    return _as(ops.where(x != 0, exponent, ZERO_EXPONENT), "int16", ops)
 
 
 def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
-    """One block FMA on a batch.
+    """One block FMA on a batch of finite terms.
 
     products (..., F): exact products (float32 when exact there, else float64);
     exponents (..., F): their alignment exponents (int16); c (...) float64 and
@@ -151,25 +191,50 @@ def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
     the scale are smaller than the unit and truncate to zero); the sum of F + 1
     terms below 2^(window_bits + 3 + log2 F) is exact in float64.
     """
-    top = exponents.max(-1) if not ops.torch else exponents.amax(-1)
-    top = ops.maximum(top, c_exponents)
+    top = ops.maximum(_amax(exponents, ops), c_exponents)
     # (products of the input formats have exponents >= -252: a floor of -300 changes
     # nothing but keeps 2^(window - top) finite when every term is zero)
     top = ops.maximum(top, max(params.min_align_exp, -300))
-    shift = params.window_bits - top.to(_arrays._torch.int32) if ops.torch else params.window_bits - top.astype(np.int32)
+    shift = params.window_bits - _as(top, "int32", ops)
     scale64 = _pow2(shift, c, ops)
     if str(products.dtype).endswith("float32"):
-        scale = _pow2(ops.clip(shift, hi=127), products, ops)  # beyond: every product is 0
+        scale = _pow2(ops.clip(shift, hi=PRESETS["fp32"].emax), products, ops)  # beyond: every product is 0
     else:
         scale = scale64
-    terms = _sum64(ops.trunc(products * scale[..., None]), ops) + ops.trunc(c * scale64)
+    products *= scale[..., None]  # in place: products(ks) made this array for this block
+    terms = _sum64(_trunc_in_place(products, ops), ops) + ops.trunc(c * scale64)
     return round_sum(terms / scale64, params, ops)
 
 
+def round_sum(total, params: BlockFMA, ops):
+    """Round an exact block sum into the output format; beyond the range is Inf; 0 is +0."""
+    fmt = params.output_format
+    # + 0.0 turns a -0 sum into +0 and leaves every other value as it is
+    if fmt.name == "fp32" and params.rounding == "toward_zero" and params.subnormal_outputs:
+        rounded = _binary32_toward_zero(total + 0.0, ops)
+    else:
+        rounded = quantize(total + 0.0, fmt, params.rounding, flush_subnormal_outputs=not params.subnormal_outputs)
+    beyond = abs(total) >= 2.0 ** (fmt.emax + 1)
+    if not bool(beyond.any()):
+        return rounded
+    return ops.where(beyond, ops.where(total > 0, float("inf"), float("-inf")), rounded)
+
+
+# ------------------------------------------- backend operations _arrays.Ops lacks
+def _as(x, dtype: str, ops):
+    return x.to(getattr(_arrays._torch, dtype)) if ops.torch else x.astype(dtype)
+
+
+def _amax(x, ops):
+    return x.amax(-1) if ops.torch else x.max(-1)
+
+
+def _trunc_in_place(x, ops):
+    return _arrays._torch.trunc(x, out=x) if ops.torch else np.trunc(x, out=x)
+
+
 def _sum64(x, ops):
-    if ops.torch:
-        return x.sum(-1, dtype=_arrays._torch.float64)
-    return x.sum(-1, dtype=np.float64)
+    return x.sum(-1, dtype=_arrays._torch.float64 if ops.torch else np.float64)
 
 
 def _pow2(exponent, like, ops):
@@ -178,18 +243,6 @@ def _pow2(exponent, like, ops):
         one = _arrays._torch.ones((), dtype=like.dtype, device=like.device)
         return _arrays._torch.ldexp(one, exponent.to(like.dtype))
     return np.ldexp(like.dtype.type(1), exponent.astype(np.int32))
-
-
-def round_sum(total, params: BlockFMA, ops):
-    """Round an exact block sum into the output format; beyond the range is Inf; 0 is +0."""
-    fmt = params.output_format
-    if fmt.name == "fp32" and params.rounding == "toward_zero" and params.subnormal_outputs:
-        rounded = _binary32_toward_zero(total, ops)
-    else:
-        rounded = quantize(total, fmt, params.rounding, flush_subnormal_outputs=not params.subnormal_outputs)
-    beyond = abs(total) >= 2.0 ** (fmt.emax + 1)
-    rounded = ops.where(beyond, ops.where(total > 0, float("inf"), float("-inf")), rounded)
-    return ops.where(total == 0, 0.0, rounded)
 
 
 def _binary32_toward_zero(total, ops):

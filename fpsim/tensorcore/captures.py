@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import tempfile
 import zipfile
@@ -39,88 +38,30 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codec import decode
+from ..formats import PRESETS, format as get_format
+from ..rounding import quantize
+from . import devices
+
 SCHEMA = "fpsim-capture/1"
 KINDS = ("dot", "matmul")
 LEVELS = ("instruction", "library")
-INPUT_FORMATS = ("fp16", "bf16", "tf32", "e4m3", "e5m2")
-C_FORMATS = ("fp32", "fp16", "bf16")
-OUTPUT_FORMATS = ("fp32", "fp16", "bf16")
+VALUE_FORMATS = tuple(name for name, fmt in PRESETS.items() if PRESETS["fp32"].contains(fmt))
+"""The formats c and d may be in: those binary32 holds (the file stores binary32 bit patterns)."""
 CASE_KEYS = ("name", "kind", "level", "inputs", "c_format", "output", "k",
              "instruction", "flags", "notes")
 META_KEYS = ("schema", "gpu", "cases")
 
 
 # ---------------------------------------------------------------------------
-# The formats a capture can hold, and exact bit conversions
+# Values and their binary32 bit patterns
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class FloatSpec:
-    """Just enough about a binary format to test representability."""
-
-    name: str
-    exp_bits: int
-    man_bits: int
-    emin: int          # exponent of the smallest normal number
-    emax: int          # exponent of the largest finite number
-    max: float         # largest finite value
-    has_inf: bool
-
-    @property
-    def precision(self) -> int:
-        """Significand bits including the implicit one."""
-        return self.man_bits + 1
-
-    @property
-    def min_normal(self) -> float:
-        return math.ldexp(1.0, self.emin)
-
-    @property
-    def min_subnormal(self) -> float:
-        return math.ldexp(1.0, self.emin - self.man_bits)
-
-    @property
-    def max_subnormal(self) -> float:
-        return self.min_normal - self.min_subnormal
-
-
-SPECS = {
-    "fp32": FloatSpec("fp32", 8, 23, -126, 127, float(np.finfo(np.float32).max), True),
-    "tf32": FloatSpec("tf32", 8, 10, -126, 127, (2 - 2.0**-10) * 2.0**127, True),
-    "fp16": FloatSpec("fp16", 5, 10, -14, 15, 65504.0, True),
-    "bf16": FloatSpec("bf16", 8, 7, -126, 127, (2 - 2.0**-7) * 2.0**127, True),
-    "e4m3": FloatSpec("e4m3", 4, 3, -6, 8, 448.0, False),
-    "e5m2": FloatSpec("e5m2", 5, 2, -14, 15, 57344.0, True),
-}
-
-
-def _ml_dtype(fmt: str):
-    import ml_dtypes
-
-    return {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
-            "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
-            "fp32": np.float32}[fmt]
-
-
-def is_representable(values, fmt: str) -> np.ndarray:
-    """Elementwise: is each float64 value exactly a value of ``fmt``?
-
-    NaN counts as representable (every format here has one); infinities only
-    where the format has them (E4M3FN has none).
-    """
-    if fmt not in SPECS:
-        raise ValueError(f"unknown format {fmt!r}; allowed: {sorted(SPECS)}")
+def is_representable(values, fmt) -> np.ndarray:
+    """Elementwise: is each float64 value exactly a value of ``fmt`` (NaN where it has one)?"""
     x = np.asarray(values, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        f32 = x.astype(np.float32)
-        exact32 = (f32.astype(np.float64) == x) | np.isnan(x)
-        if fmt == "fp32":
-            return exact32
-        if fmt == "tf32":
-            low = f32.view(np.uint32) & np.uint32(0x1FFF)
-            return exact32 & ((low == 0) | np.isnan(x))
-        y = x.astype(_ml_dtype(fmt)).astype(np.float64)
-    return (y == x) | (np.isnan(x) & np.isnan(y))
+    rounded = quantize(x, fmt)
+    return (rounded == x) | (np.isnan(rounded) & np.isnan(x))
 
 
 def f32_bits(values) -> np.ndarray:
@@ -130,8 +71,7 @@ def f32_bits(values) -> np.ndarray:
     if bad.any():
         raise ValueError(f"{int(bad.sum())} value(s) not exactly representable in "
                          f"binary32, first {x[bad].flat[0]!r}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        return x.astype(np.float32).view(np.uint32)
+    return x.astype(np.float32).view(np.uint32)
 
 
 def bits_to_f64(bits) -> np.ndarray:
@@ -139,15 +79,19 @@ def bits_to_f64(bits) -> np.ndarray:
     return np.asarray(bits, dtype=np.uint32).view(np.float32).astype(np.float64)
 
 
-def widen_fp16_bits(h) -> np.ndarray:
-    """binary16 bit patterns (uint16) -> binary32 bit patterns, exactly
-    (NaN payloads move up by 13 bits)."""
-    return np.asarray(h, dtype=np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
-
-
-def widen_bf16_bits(h) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> binary32 bit patterns, exactly."""
-    return np.asarray(h, dtype=np.uint32) << np.uint32(16)
+def widen_to_f32_bits(codes, fmt) -> np.ndarray:
+    """Codes of an IEEE-layout format that binary32 holds (fp16, bf16, fp32) -> the binary32 bit
+    patterns of the same values. A NaN keeps its sign and payload (moved to the top of binary32's
+    mantissa, as a hardware conversion does): the file holds what the GPU returned."""
+    fmt, fp32 = get_format(fmt), PRESETS["fp32"]
+    codes = np.asarray(codes).astype(np.uint32)
+    bits = decode(codes, fmt).astype(np.float32).view(np.uint32)
+    exponent = (codes >> np.uint32(fmt.man_bits)) & np.uint32((1 << fmt.exp_bits) - 1)
+    mantissa = codes & np.uint32((1 << fmt.man_bits) - 1)
+    nan = (exponent == (1 << fmt.exp_bits) - 1) & (mantissa != 0)
+    sign = (codes >> np.uint32(fmt.bits - 1)) << np.uint32(31)
+    payload = sign | np.uint32(((1 << fp32.exp_bits) - 1) << fp32.man_bits) | (mantissa << np.uint32(fp32.man_bits - fmt.man_bits))
+    return np.where(nan, payload, bits).astype(np.uint32)
 
 
 # ---------------------------------------------------------------------------
@@ -281,11 +225,11 @@ def _validate_case_meta(meta: dict) -> None:
             raise ValueError(f"case {name!r}: meta lacks {key!r}")
     _check_choice(name, "kind", meta["kind"], KINDS)
     _check_choice(name, "level", meta["level"], LEVELS)
-    _check_choice(name, "inputs", meta["inputs"], INPUT_FORMATS)
+    _check_choice(name, "inputs", meta["inputs"], devices.INPUT_FORMATS)
     if "inputs_b" in meta:
-        _check_choice(name, "inputs_b", meta["inputs_b"], INPUT_FORMATS)
-    _check_choice(name, "c_format", meta["c_format"], C_FORMATS + (None,))
-    _check_choice(name, "output", meta["output"], OUTPUT_FORMATS)
+        _check_choice(name, "inputs_b", meta["inputs_b"], devices.INPUT_FORMATS)
+    _check_choice(name, "c_format", meta["c_format"], VALUE_FORMATS + (None,))
+    _check_choice(name, "output", meta["output"], VALUE_FORMATS)
     if not isinstance(meta["k"], int) or meta["k"] < 1:
         raise ValueError(f"case {name!r}: k must be a positive integer, got {meta['k']!r}")
     if not isinstance(meta["flags"], dict):
@@ -458,221 +402,3 @@ def bundled_captures() -> dict:
         if entry.name.endswith(".npz"):
             out[entry.name[:-4]] = Path(str(entry))
     return dict(sorted(out.items()))
-
-
-# ---------------------------------------------------------------------------
-# The upstream text layout (MATLAB-tensor-core model_validation data)
-# ---------------------------------------------------------------------------
-
-UPSTREAM_FORMATS = {"fp16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "e4m3", "e5m2": "e5m2"}
-
-
-def _read_hex_rows(path: Path, limit) -> np.ndarray:
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if limit is not None and len(rows) >= limit:
-                break
-            if line.strip():
-                rows.append([int(t, 16) for t in line.split()])
-    widths = {len(r) for r in rows}
-    if len(widths) != 1:
-        raise ValueError(f"{path}: rows have different lengths {sorted(widths)}")
-    return np.array(rows, dtype=np.uint32)
-
-
-def _read_bin_rows(path: Path, limit) -> np.ndarray:
-    vals = []
-    with open(path) as f:
-        for line in f:
-            if limit is not None and len(vals) >= limit:
-                break
-            s = line.strip()
-            if s:
-                if len(s) != 32 or set(s) - {"0", "1"}:
-                    raise ValueError(f"{path}: line {len(vals) + 1} is not a 32-bit binary string: {s!r}")
-                vals.append(int(s, 2))
-    return np.array(vals, dtype=np.uint32)
-
-
-def read_upstream_folder(folder, rows: int | None = None) -> dict:
-    """Raw arrays of one upstream ``<GPU>/<fmt>/`` folder.
-
-    Returns {"gpu", "inputs", "a", "b", "c", "d": {"fp32": ..., "fp16": ...}},
-    all uint32 binary32 bit patterns, cut to the first ``rows`` rows.
-    """
-    folder = Path(folder)
-    gpu, fmt = folder.parent.name, folder.name
-    inputs = UPSTREAM_FORMATS.get(fmt.lower())
-    if inputs is None:
-        raise ValueError(f"{folder}: unknown input format folder {fmt!r}; "
-                         f"allowed: {sorted(UPSTREAM_FORMATS)} (any case)")
-
-    def one(pattern):
-        found = sorted(folder.glob(pattern))
-        if len(found) != 1:
-            raise ValueError(f"{folder}: expected one file matching {pattern!r}, found {len(found)}")
-        return found[0]
-
-    a = _read_hex_rows(one("a_*.txt"), rows)
-    b = _read_hex_rows(one("b_*.txt"), rows)
-    c = _read_bin_rows(one("c_*.txt"), rows)
-    d = {}
-    for out in ("fp32", "fp16"):
-        p = folder / f"d_{gpu}_{out}.txt"
-        if p.exists():
-            d[out] = _read_bin_rows(p, rows)
-    if not d:
-        raise ValueError(f"{folder}: no d_{gpu}_fp32.txt or d_{gpu}_fp16.txt")
-    n = a.shape[0]
-    for key, arr in [("b", b), ("c", c)] + [(f"d_{o}", v) for o, v in d.items()]:
-        if arr.shape[0] != n:
-            raise ValueError(f"{folder}: {key} has {arr.shape[0]} rows but a has {n}")
-    if b.shape != a.shape:
-        raise ValueError(f"{folder}: a is {a.shape} but b is {b.shape}")
-    return {"gpu": gpu, "inputs": inputs, "a": a, "b": b, "c": c, "d": d}
-
-
-def fp16_round_bits(c_bits) -> np.ndarray:
-    """binary32 bits -> bits of the same values rounded to binary16 (RN-even), widened."""
-    with np.errstate(over="ignore"):
-        return bits_to_f64(c_bits).astype(np.float16).astype(np.float32).view(np.uint32)
-
-
-def fp8_path_from_sass(sass: str, kernel: str) -> str | None:
-    """How an FP8 kernel reached the tensor cores, read from its SASS: "fp16" when it
-    converts to binary16 and runs HMMA, "native" for QMMA/QGMMA, None if not found."""
-    blocks = sass.split("Function : ")
-    for block in blocks[1:]:
-        name, _, body = block.partition("\n")
-        if name.strip() != kernel:
-            continue
-        if "QMMA" in body or "QGMMA" in body:
-            return "native"
-        if "HMMA" in body or "HGMMA" in body:
-            return "fp16"
-    return None
-
-
-def upstream_case_rules(gpu: str, inputs: str, output: str) -> dict:
-    """How an upstream case used its c file (facts checked against the data).
-
-    Returns {"c": "fp32" | "fp16" | "zero", "c_format": ..., "why": str}.
-    """
-    fp8 = inputs in ("e4m3", "e5m2")
-    if output == "fp16" and fp8:
-        return {"c": "fp16", "c_format": "fp16",
-                "why": "FP8 inputs with fp16 output: c holds the file's c rounded to binary16 "
-                       "(nearest-even), the better supported but not certain reading of the "
-                       "data (see below)"}
-    if output == "fp16":
-        return {"c": "fp16", "c_format": "fp16",
-                "why": "fp16 output: the accumulator is binary16, so c was rounded to binary16 "
-                       "(nearest-even) before the instruction; c holds that rounded value"}
-    if fp8 and gpu.upper() in ("H100", "H200"):
-        return {"c": "zero", "c_format": "fp32",
-                "why": f"{gpu.upper()} FP8 with fp32 output: the kernel computed d = a.b with c = 0; "
-                       "the c file was not used, so c holds zeros"}
-    return {"c": "fp32", "c_format": "fp32", "why": "c is the binary32 value of the c file"}
-
-
-def upstream_fp8_path(gpu: str, inputs: str, output: str) -> str | None:
-    """Which FP8 path the upstream rows took, as the data show: on H100 and B200 the
-    fp16-output rows match binary16 MMAs (c added last), the fp32-output rows the
-    native FP8 model; Ada (L40S) has native FP8 mma.sync."""
-    if inputs not in ("e4m3", "e5m2"):
-        return None
-    if gpu.upper() in ("H100", "H200", "B200") and output == "fp16":
-        return "fp16"
-    return "native"
-
-
-def load_upstream_text(folder, rows: int | None = None, gpu_name: str | None = None) -> Capture:
-    """Read the upstream text layout directly into a :class:`Capture`.
-
-    ``folder`` is one GPU's folder (holding ``fp16/``, ``E4M3/`` ...) or one
-    format folder. Each ``d_<GPU>_<out>.txt`` becomes one case named
-    ``<inputs>_<out>``; c follows :func:`upstream_case_rules`.
-    """
-    folder = Path(folder)
-    if list(folder.glob("a_*.txt")):
-        subdirs, gpu = [folder], folder.parent.name
-    else:
-        subdirs = sorted(p for p in folder.iterdir() if p.is_dir() and list(p.glob("a_*.txt")))
-        gpu = folder.name
-        if not subdirs:
-            raise ValueError(f"{folder}: no upstream case folders (a_*.txt) found")
-    cases = []
-    for sub in subdirs:
-        raw = read_upstream_folder(sub, rows)
-        inputs = raw["inputs"]
-        k = raw["a"].shape[1]
-        for out, d in raw["d"].items():
-            rule = upstream_case_rules(gpu, inputs, out)
-            if rule["c"] == "zero":
-                c = np.zeros_like(raw["c"])
-            elif rule["c"] == "fp16":
-                c = fp16_round_bits(raw["c"])
-            else:
-                c = raw["c"].copy()
-            meta = {"name": f"{inputs}_{out}", "kind": "dot", "level": "instruction",
-                    "inputs": inputs, "c_format": rule["c_format"], "output": out, "k": k,
-                    "instruction": _upstream_instruction(inputs, out, k),
-                    "flags": {}, "notes": rule["why"]}
-            path = upstream_fp8_path(gpu, inputs, out)
-            if path:
-                meta["path"] = path
-                meta["notes"] += (f" FP8 path '{path}': which model reproduces the rows (the "
-                                  f"compiler, not the PTX instruction, decides it; docs/tensorcore.md).")
-            tags = np.full(raw["a"].shape[0], "upstream:random")
-            cases.append(CaptureCase(meta, raw["a"], raw["b"], c, d, tags))
-    meta = new_meta(f"NVIDIA {gpu}", backend="upstream-text",
-                    compute_capability=UPSTREAM_CC.get(gpu.upper()),
-                    source=f"upstream text files in {folder}")
-    return Capture(meta, cases)
-
-
-UPSTREAM_CC = {"V100": "7.0", "A100": "8.0", "L40S": "8.9", "H100": "9.0", "B200": "10.0"}
-
-
-def _upstream_instruction(inputs: str, output: str, k: int) -> str:
-    if inputs in ("e4m3", "e5m2"):
-        acc = "f16" if output == "fp16" else "f32"
-        return f"mma.sync.aligned.m16n8k32.row.col.{acc}.{inputs}.{inputs}.{acc}"
-    return f"warp-level MMA (wmma or mma.sync), K={k} per instruction as recorded"
-
-
-def describe(capture: Capture) -> str:
-    """A short human-readable summary (one line per case)."""
-    lines = [f"{capture.meta.get('gpu')} ({capture.meta.get('backend')}), "
-             f"{len(capture.cases)} case(s), {len(capture.meta.get('failures', []))} failure(s)"]
-    for c in capture.cases:
-        m = c.meta
-        lines.append(f"  {m['name']}: {m['kind']} {m['level']} {m['inputs']}->{m['output']} "
-                     f"k={m['k']} rows={c.rows}")
-    return "\n".join(lines)
-
-
-def _main(argv=None) -> int:
-    """``python -m fpsim.tensorcore.captures FILE...``: validate and summarise."""
-    import sys
-
-    paths = sys.argv[1:] if argv is None else argv
-    status = 0
-    for p in paths:
-        try:
-            cap = load_capture(p)
-        except ValueError as e:
-            print(f"{p}: INVALID: {e}")
-            status = 1
-            continue
-        print(f"{p}: {describe(cap)}")
-        for f in cap.meta.get("failures", []):
-            print(f"  failure {f.get('case')}: {str(f.get('error')).splitlines()[0]}")
-        for s in cap.meta.get("skipped", []):
-            print(f"  skipped {s.get('case')}: {s.get('reason')}")
-    return status
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

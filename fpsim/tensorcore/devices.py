@@ -1,17 +1,26 @@
-"""Device presets: which block-FMA parameters each GPU uses for each input and output format.
+"""Device facts as data: generations, products, MMA instruction shapes and block-FMA parameters.
 
-The parameters come from the published models (Fasi et al. 2021; Khattak and
-Mikaitis, ACM TACO 2025) and were checked bit for bit against real captures
-(see docs/tensorcore.md): the captures are the truth.
+Every fact about a GPU's tensor cores lives here, once: which input and
+output formats each generation takes, which MMA instructions it runs (kind,
+shape, formats), and the block-FMA parameters of each data path. The model
+(`core.TensorCore`), the probes, the capture tool and tools/ read them from
+here. The parameters come from the published models (Fasi et al. 2021;
+Khattak and Mikaitis, ACM TACO 2025) and were checked bit for bit against real
+captures (docs/tensorcore.md): the captures are the truth.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .blockfma import BlockFMA
+from ..formats import format as get_format
+from .blockfma import OUTPUTS, BlockFMA
 
 GENERATIONS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+
+COMPUTE_CAPABILITY = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 0), "ada": (8, 9), "hopper": (9, 0),
+                      "blackwell": (10, 0)}
+"""The first compute capability of each generation (sm_86 is still Ampere, sm_120 Blackwell)."""
 
 # product name -> generation
 DEVICES = {
@@ -24,6 +33,82 @@ DEVICES = {
     "b200": "blackwell", "b100": "blackwell", "gb200": "blackwell",
 }
 
+INPUT_GROUPS = (("fp16",), ("bf16",), ("tf32",), ("e4m3", "e5m2"))
+"""The input formats of the tensor cores; formats of one group may be mixed in one
+instruction (A in e4m3, B in e5m2: FP8 only)."""
+INPUT_FORMATS = tuple(name for group in INPUT_GROUPS for name in group)
+OUTPUT_FORMATS = OUTPUTS
+"""Accumulator formats (C and D of an instruction), the block-FMA engine's outputs."""
+
+PATHS = ("native", "fp16")
+"""How FP8 products reach the tensor core: "native" FP8 MMAs (wgmma on Hopper,
+what cuBLAS uses) or "fp16", through binary16 MMAs (FP8 mma.sync on Hopper and
+Blackwell as nvcc 13.0 compiles it). Other input formats have one path, "native"."""
+
+
+# ------------------------------------------------------------------ instructions
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One MMA instruction of the PTX ISA: D (m x n) = A (m x k) B (k x n) + C.
+
+    kind: "mma" (mma.sync, one warp) or "wgmma" (wgmma.mma_async, one warpgroup).
+    outputs: the accumulator formats it takes (C = D); generations: where it runs.
+    """
+
+    kind: str
+    m: int
+    n: int
+    k: int
+    inputs: str
+    outputs: tuple[str, ...]
+    generations: tuple[str, ...]
+
+    @property
+    def shape(self) -> str:
+        return f"m{self.m}n{self.n}k{self.k}"
+
+    def kernel(self, output: str) -> str:
+        """The name of the capture tool's kernel for this instruction (fpsim/tensorcore/cuda/*.cu)."""
+        return f"{self.kind}_{self.shape}_{_PTX_TYPES[output]}_{_PTX_TYPES[self.inputs]}"
+
+    def ptx(self, output: str) -> str:
+        """The PTX instruction, with A row-major and B column-major for mma.sync."""
+        d, t = _PTX_TYPES[output], _PTX_TYPES[self.inputs]
+        if self.kind == "mma":
+            return f"mma.sync.aligned.{self.shape}.row.col.{d}.{t}.{t}.{d}"
+        return f"wgmma.mma_async.sync.aligned.{self.shape}.{d}.{t}.{t}"
+
+
+_PTX_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "tf32": "tf32", "e4m3": "e4m3", "e5m2": "e5m2"}
+_FROM = {gen: GENERATIONS[i:] for i, gen in enumerate(GENERATIONS)}  # a generation and its successors
+
+
+def _instructions() -> tuple[Instruction, ...]:
+    both, fp32 = OUTPUT_FORMATS, ("fp32",)
+    fp8 = INPUT_GROUPS[-1]
+    mma = [Instruction("mma", 8, 8, 4, "fp16", both, ("volta", "turing")),
+           Instruction("mma", 16, 8, 16, "fp16", both, _FROM["ampere"]),
+           Instruction("mma", 16, 8, 8, "fp16", both, _FROM["turing"]),
+           Instruction("mma", 16, 8, 16, "bf16", fp32, _FROM["ampere"]),
+           Instruction("mma", 16, 8, 8, "bf16", fp32, _FROM["ampere"]),
+           Instruction("mma", 16, 8, 8, "tf32", fp32, _FROM["ampere"]),
+           Instruction("mma", 16, 8, 4, "tf32", fp32, _FROM["ampere"])]
+    for name in fp8:
+        mma += [Instruction("mma", 16, 8, 32, name, both, _FROM["ada"]),
+                Instruction("mma", 16, 8, 16, name, fp32, _FROM["ada"])]
+    wgmma = [Instruction("wgmma", 64, 8, 16, "fp16", both, ("hopper",)),
+             Instruction("wgmma", 64, 8, 16, "bf16", fp32, ("hopper",)),
+             Instruction("wgmma", 64, 8, 8, "tf32", fp32, ("hopper",))]
+    wgmma += [Instruction("wgmma", 64, 8, 32, name, both, ("hopper",)) for name in fp8]
+    return tuple(mma + wgmma)
+
+
+INSTRUCTIONS = _instructions()
+"""The MMA instructions fpsim models (and `fpsim capture` records: one kernel each
+from Ampere on)."""
+
+
+# ------------------------------------------------------------- block-FMA parameters
 _FP32_RZ = dict(output="fp32", rounding="toward_zero")
 _FP16_RN = dict(output="fp16", rounding="nearest_even")
 # On sm_90 (nvcc 13.0) an FP8 mma.sync is compiled to byte-pair conversions to
@@ -32,38 +117,33 @@ _FP16_RN = dict(output="fp16", rounding="nearest_even")
 # captures, docs/tensorcore.md).
 _FP8_AS_FP16 = dict(block_size=16, extra_bits=2, instruction_k=32, k_order="pairs", c_position="last")
 
-PATHS = ("native", "fp16")
-"""How FP8 products reach the tensor core: "native" FP8 MMAs (wgmma on Hopper,
-what cuBLAS uses) or "fp16", through binary16 MMAs (FP8 mma.sync on Hopper and
-Blackwell as nvcc 13.0 compiles it). Other input formats have one path, "native"."""
-
 
 def _table() -> dict:
-    """(generation, inputs, output, path) -> BlockFMA."""
+    """(generation, inputs, output, path) -> BlockFMA; instruction_k: the default instruction's k."""
     t = {}
 
-    def put(gen, inputs, min32=-1024, min16=-1024, path="native", **kw):
-        t[(gen, inputs, "fp32", path)] = BlockFMA(**{**_FP32_RZ, "min_align_exp": min32, **kw})
-        if inputs == "fp16" or (inputs in ("e4m3", "e5m2") and gen == "ada"):
-            t[(gen, inputs, "fp16", path)] = BlockFMA(**{**_FP16_RN, "min_align_exp": min16, **kw})
+    def put(gen, inputs, k, min32=-1024, min16=-1024, path="native", **kw):
+        t[(gen, inputs, "fp32", path)] = BlockFMA(**{**_FP32_RZ, "min_align_exp": min32, "instruction_k": k, **kw})
+        if inputs == "fp16" or (inputs in INPUT_GROUPS[-1] and gen == "ada"):
+            t[(gen, inputs, "fp16", path)] = BlockFMA(**{**_FP16_RN, "min_align_exp": min16, "instruction_k": k, **kw})
 
-    put("volta", "fp16", block_size=4, extra_bits=0, min16=-19)
-    put("turing", "fp16", block_size=4, extra_bits=0, min16=-19)  # as Volta (Fasi et al. 2021 measured T4 = V100)
+    put("volta", "fp16", 4, block_size=4, extra_bits=0, min16=-19)
+    put("turing", "fp16", 4, block_size=4, extra_bits=0, min16=-19)  # as Volta (Fasi et al. 2021 measured T4 = V100)
     for gen in ("ampere", "ada"):
-        put(gen, "fp16", block_size=8, extra_bits=1, min32=-132, min16=-20)
-        put(gen, "bf16", block_size=8, extra_bits=1, min32=-132)
-        put(gen, "tf32", block_size=4, extra_bits=1, min32=-132)
-    for inputs in ("e4m3", "e5m2"):
-        put("ada", inputs, block_size=16, extra_bits=-10, min32=-132, min16=-20)
+        put(gen, "fp16", 8, block_size=8, extra_bits=1, min32=-132, min16=-20)
+        put(gen, "bf16", 8, block_size=8, extra_bits=1, min32=-132)
+        put(gen, "tf32", 4, block_size=4, extra_bits=1, min32=-132)
+    for inputs in INPUT_GROUPS[-1]:
+        put("ada", inputs, 32, block_size=16, extra_bits=-10, min32=-132, min16=-20)
     for gen in ("hopper", "blackwell"):
-        put(gen, "fp16", block_size=16, extra_bits=2, min32=-133, min16=-21)
-        put(gen, "bf16", block_size=16, extra_bits=2, min32=-133)
-        put(gen, "tf32", block_size=8, extra_bits=2, min32=-133)
-    for inputs in ("e4m3", "e5m2"):
-        put("hopper", inputs, block_size=32, extra_bits=-10, min32=-133)
+        put(gen, "fp16", 16, block_size=16, extra_bits=2, min32=-133, min16=-21)
+        put(gen, "bf16", 16, block_size=16, extra_bits=2, min32=-133)
+        put(gen, "tf32", 8, block_size=8, extra_bits=2, min32=-133)
+    for inputs in INPUT_GROUPS[-1]:
+        put("hopper", inputs, 32, block_size=32, extra_bits=-10, min32=-133)
         t[("hopper", inputs, "fp16", "native")] = BlockFMA(**_FP16_RN, block_size=32, extra_bits=-10,
-                                                           min_align_exp=-21)
-        put("blackwell", inputs, block_size=32, extra_bits=8, rounding="nearest_even", min32=-133)
+                                                           min_align_exp=-21, instruction_k=32)
+        put("blackwell", inputs, 32, block_size=32, extra_bits=8, rounding="nearest_even", min32=-133)
         t[("hopper", inputs, "fp32", "fp16")] = BlockFMA(**_FP32_RZ, **_FP8_AS_FP16, min_align_exp=-133)
         for gen in ("hopper", "blackwell"):
             t[(gen, inputs, "fp16", "fp16")] = BlockFMA(**_FP16_RN, **_FP8_AS_FP16, min_align_exp=-21)
@@ -73,6 +153,7 @@ def _table() -> dict:
 PARAMETERS = _table()
 
 
+# ------------------------------------------------------------------------ look-ups
 def generation(device: str) -> str:
     """The generation of a product or generation name (case-insensitive)."""
     key = device.strip().lower().replace(" ", "-").replace("_", "-")
@@ -85,16 +166,53 @@ def generation(device: str) -> str:
                      f"or a generation: {', '.join(GENERATIONS)}")
 
 
+def generation_of(compute_capability: tuple[int, int]) -> str:
+    """The generation of a compute capability such as (9, 0); ValueError before Volta."""
+    older = [gen for gen in GENERATIONS if COMPUTE_CAPABILITY[gen] <= tuple(compute_capability)]
+    if not older:
+        raise ValueError(f"compute capability {compute_capability} has no tensor cores fpsim models "
+                         f"(Volta, 7.0, is the first)")
+    return older[-1]
+
+
 def supported(device: str) -> list[tuple[str, str, str]]:
     """The (inputs, output, path) combinations a device's tensor cores support."""
     gen = generation(device)
     return sorted((i, o, p) for (g, i, o, p) in PARAMETERS if g == gen)
 
 
-def parameters(device: str, inputs: str, output: str, path: str | None = None, **overrides) -> BlockFMA:
+def check_inputs(inputs: str, inputs_b: str) -> None:
+    """A and B formats one instruction can take together; ValueError otherwise."""
+    if not any(inputs in group and inputs_b in group for group in INPUT_GROUPS):
+        mixable = "; ".join(" with ".join(group) for group in INPUT_GROUPS if len(group) > 1)
+        raise ValueError(f"mixed input formats are FP8 only ({mixable}); got {inputs} and {inputs_b}")
+
+
+def instructions(device: str, inputs: str | None = None, output: str | None = None) -> list[Instruction]:
+    """The MMA instructions a device runs, optionally only those for an input and an output format."""
+    gen = generation(device)
+    return [i for i in INSTRUCTIONS if gen in i.generations and inputs in (None, i.inputs)
+            and output in (None, *i.outputs)]
+
+
+def instruction(device: str, inputs: str, output: str, shape: str | None = None, k: int | None = None) -> Instruction:
+    """The device's instruction of a shape ("m16n8k8") or of k products, for these formats."""
+    found = [i for i in instructions(device, inputs, output) if shape in (None, i.shape) and k in (None, i.k)]
+    if not found:
+        have = ", ".join(f"{i.kind} {i.shape}" for i in instructions(device, inputs, output)) or "none"
+        wanted = f"shape {shape}" if shape is not None else f"k = {k}"
+        raise ValueError(f"{device} ({generation(device)}) has no {inputs} -> {output} MMA instruction of {wanted}; "
+                         f"it has: {have}")
+    return found[0]
+
+
+def parameters(device: str, inputs: str, output: str, path: str | None = None, instruction_shape: str | None = None,
+               **overrides) -> BlockFMA:
     """The block-FMA parameters of a device for an input format, output format and path.
 
     path None takes "native" where the device has it, else its only path.
+    instruction_shape ("m16n8k8"): one of the device's instructions, whose k
+    products make one instruction (default: the preset's).
     """
     gen = generation(device)
     if path is not None and path not in PATHS:
@@ -105,8 +223,12 @@ def parameters(device: str, inputs: str, output: str, path: str | None = None, *
         wanted = f"{inputs} inputs with {output} output" + (f" on the {path} path" if path else "")
         raise ValueError(f"{device} ({gen}) tensor cores do not support {wanted}; supported: {combos}")
     chosen = path or ("native" if "native" in paths else paths[0])
+    if instruction_shape is not None:
+        overrides = {"instruction_k": instruction(device, inputs, output, shape=instruction_shape).k, **overrides}
     params = PARAMETERS[(gen, inputs, output, chosen)]
-    if chosen == "fp16" and "instruction_k" in overrides and "block_size" not in overrides:
-        # an FP8 instruction of k products runs as two binary16 MMAs of k/2 each
-        overrides = {**overrides, "block_size": overrides["instruction_k"] // 2}
     return dataclasses.replace(params, **overrides) if overrides else params
+
+
+def is_fp8(inputs: str) -> bool:
+    """FP8 inputs: the formats with a choice of path."""
+    return get_format(inputs).bits == 8

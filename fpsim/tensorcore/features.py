@@ -125,21 +125,12 @@ def measure(tags, a, b, c, d, output: str = "fp32") -> dict:
     return found
 
 
-INSTRUCTION_K = {"volta": 4, "turing": 4, "ampere": 8, "ada": 8, "hopper": 16, "blackwell": 16}
-"""Products per MMA instruction for binary16/bfloat16 inputs (TF32: half, FP8: 32)."""
-
-
-def instruction_k(device: str, inputs: str) -> int:
-    k = INSTRUCTION_K[devices.generation(device)]
-    return 32 if inputs in ("e4m3", "e5m2") else (k // 2 if inputs == "tf32" else k)
-
-
 def probe_table(device: str, inputs: str, output: str, **options) -> dict:
     """Features of fpsim's model of a device, read off the standard probes: one
     instruction for most features, 64 products for the block size and carries."""
     tc = TensorCore(device, inputs, output, **options)
     found = {}
-    for k, keep in ((instruction_k(device, inputs), None), (64, ("block_size", "carry"))):
+    for k, keep in ((tc.params.k, None), (64, ("block_size", "carry"))):
         rows = probes.probe_rows(inputs, k, output)
         d = np.asarray(tc.dot(rows.a, rows.b, rows.c), dtype=np.float64)
         measured = measure(rows.tags, rows.a, rows.b, rows.c, d, output)

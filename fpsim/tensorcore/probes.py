@@ -64,20 +64,15 @@ Families (how to read the result):
     Inf), Inf/NaN c, and overflow of the output format (e.g. fp32 max plus
     half an ulp: RN-even overflows to Inf, RZ stays at max).
 ``random``
-    :func:`random_rows`: ``wide`` rows have random signs, exponents uniform over
-    the input format's normal range (limited so products and sums stay finite
-    in the output format) and random significands, with c of random exponent
-    in the products' range; ``upstream`` rows copy the upstream captures'
-    distribution: a, b normal(0, 1) rounded to the input format, c uniform on
-    [0, 1) rounded to the c format.
+    Not probes: the captures' random rows (`samples.random_rows`), in the same
+    ProbeSet form, tagged ``random:wide`` and ``random:upstream``.
 
 All a and b values are exactly representable in the input format and every c
 in ``c_format``. Every product is exactly representable in binary32 except in
 the probes that test product underflow or overflow themselves (bf16/tf32
 ``subnormal:input:min*min`` and ``max*max``, ``subnormal:output`` products
 below binary32's smallest subnormal grid, ``special:overflow``); their float64
-values are still exact. Probe sets are deterministic; random rows depend only
-on the seed.
+values are still exact. Probe sets are deterministic.
 """
 
 from __future__ import annotations
@@ -87,9 +82,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .captures import INPUT_FORMATS, SPECS, is_representable
+from ..formats import PRESETS, Format, format as get_format
+from . import devices
+from .captures import is_representable
 
-C_FORMATS = ("fp32", "fp16")
+_FP32 = PRESETS["fp32"]  # products and sums are held in binary32
 
 FAMILIES = {
     "exact": "small integers/dyadics with exactly representable sums: the driver's self-check",
@@ -122,12 +119,6 @@ class ProbeSet:
 
     def __len__(self) -> int:
         return int(self.tags.shape[0])
-
-    @property
-    def families(self) -> dict:
-        """Family name -> description, for the families present."""
-        present = {t.split(":")[1] if t.startswith("probe:") else t.split(":")[0] for t in self.tags}
-        return {f: d for f, d in FAMILIES.items() if f in present}
 
     def select(self, mask) -> "ProbeSet":
         """The rows where ``mask`` is true."""
@@ -175,11 +166,12 @@ def concat(*sets: ProbeSet) -> ProbeSet:
 # Building rows
 # ---------------------------------------------------------------------------
 
-def _check_args(inputs: str, k: int, c_format: str) -> None:
-    if inputs not in INPUT_FORMATS:
-        raise ValueError(f"unknown input format {inputs!r}; allowed: {list(INPUT_FORMATS)}")
-    if c_format not in C_FORMATS:
-        raise ValueError(f"unknown c format {c_format!r}; allowed: {list(C_FORMATS)}")
+def check_args(inputs: str, k: int, c_format: str) -> None:
+    """Refuse an input format, row length or c format the rows cannot be built for."""
+    if inputs not in devices.INPUT_FORMATS:
+        raise ValueError(f"unknown input format {inputs!r}; allowed: {list(devices.INPUT_FORMATS)}")
+    if c_format not in devices.OUTPUT_FORMATS:
+        raise ValueError(f"unknown c format {c_format!r}; allowed: {list(devices.OUTPUT_FORMATS)}")
     if not isinstance(k, (int, np.integer)) or k < 4:
         raise ValueError(f"k must be an integer >= 4, got {k!r}")
 
@@ -189,7 +181,7 @@ class _Rows:
 
     def __init__(self, inputs: str, k: int, c_format: str):
         self.inputs, self.k, self.c_format = inputs, k, c_format
-        self.spec, self.cspec = SPECS[inputs], SPECS[c_format]
+        self.spec, self.cspec = get_format(inputs), get_format(c_format)
         self.tags, self.a, self.b, self.c = [], [], [], []
 
     def add(self, tag: str, terms, c: float = 0.0) -> None:
@@ -224,7 +216,7 @@ class _Rows:
     def _fits(self, m: float, e: int, lo: int) -> bool:
         """Is m * 2^e (m in [1, 2)) a value of the input format, with e >= lo?"""
         spec = self.spec
-        if e < lo or e > spec.emax or m * 2.0**e > spec.max:
+        if e < lo or e > spec.emax or m * 2.0**e > float(spec.max):
             return False
         frac_bits = spec.man_bits - max(0, spec.emin - e)   # fewer bits when subnormal
         scaled = m * 2.0**frac_bits
@@ -257,14 +249,19 @@ class _Rows:
 
 
 def _out_precision(c_format: str) -> int:
-    return SPECS[c_format].precision
+    return get_format(c_format).precision
 
 
 def _product_range(inputs: str) -> tuple:
     """Exponents of powers of two that are products of two normal inputs and
     normal binary32 numbers."""
-    spec = SPECS[inputs]
-    return max(2 * spec.emin, -126), min(2 * spec.emax, 127)
+    spec = get_format(inputs)
+    return max(2 * spec.emin, _FP32.emin), min(2 * spec.emax, _FP32.emax)
+
+
+def _subnormal_range(fmt: Format) -> tuple[float, float]:
+    """(smallest, largest) positive subnormal of a format."""
+    return float(fmt.min_subnormal), float(fmt.min_normal - fmt.min_subnormal)
 
 
 def _patterns(k: int) -> dict:
@@ -291,7 +288,7 @@ def _exact(r: _Rows, n: int = 64) -> None:
 def _alignment(r: _Rows) -> None:
     p = _out_precision(r.c_format)
     pmin, pmax = _product_range(r.inputs)
-    out = SPECS[r.c_format]
+    out = r.cspec
     hi = min(pmax, out.emax - 1)            # big terms: products and c-format values
     for s in range(p - 4, p + 17):
         for pattern, (i_plus, i_minus, i_small) in _patterns(r.k).items():
@@ -317,7 +314,7 @@ def _alignment(r: _Rows) -> None:
 def _blocksize(r: _Rows) -> None:
     p = _out_precision(r.c_format)
     pmin, pmax = _product_range(r.inputs)
-    hi = min(pmax, SPECS[r.c_format].emax - 1)
+    hi = min(pmax, r.cspec.emax - 1)
     for drop, label in ((p, "half"), (p + 1, "quarter")):
         B = min(hi, max(pmin + drop, min(4, hi)))
         big, small = 2.0**B, 2.0 ** (B - drop)
@@ -356,7 +353,7 @@ def _rounding(r: _Rows) -> None:
 
 
 def _carry(r: _Rows) -> None:
-    q = SPECS[r.inputs].precision
+    q = r.spec.precision
     p = _out_precision(r.c_format)
     big_sig = 2 - 2.0 ** (1 - q)
     ns = sorted({1, 2, 3, r.k // 4, r.k // 2, r.k - 1, r.k})
@@ -375,7 +372,7 @@ def _carry(r: _Rows) -> None:
 
 def _subnormal(r: _Rows) -> None:
     spec, k = r.spec, r.k
-    smin, smax = spec.min_subnormal, spec.max_subnormal
+    smin, smax = _subnormal_range(spec)
     pairs = {"min*1": (smin, 1.0), "max*1": (smax, 1.0), "-min*1": (-smin, 1.0),
              "min*min": (smin, smin), "max*max": (smax, smax),
              "min*2^emax": (smin, 2.0**spec.emax), "max*2": (smax, 2.0)}
@@ -385,16 +382,17 @@ def _subnormal(r: _Rows) -> None:
     r.add("probe:subnormal:input:sum_of_min", [(i, smin, 1.0) for i in range(k)])
     r.add("probe:subnormal:input:min*1+c=1", [(0, smin, 1.0)], 1.0)
 
-    out = SPECS[r.c_format]
+    out = r.cspec
+    out_min, out_max = _subnormal_range(out)
     # subnormal c with zero products
-    for name, c in (("c=min", out.min_subnormal), ("c=-min", -out.min_subnormal),
-                    ("c=max", out.max_subnormal), ("c=min_normal", out.min_normal)):
+    for name, c in (("c=min", out_min), ("c=-min", -out_min),
+                    ("c=max", out_max), ("c=min_normal", float(out.min_normal))):
         r.add(f"probe:subnormal:output:{name}", [], c)
     # results in the output format's subnormal range, built from products
     e0 = out.emin
     targets = {"2^(emin-4)": 2.0 ** (e0 - 4), "1.5*2^(emin-8)": 1.5 * 2.0 ** (e0 - 8),
-               "min_sub": out.min_subnormal, "1.5*min_sub": 1.5 * out.min_subnormal,
-               "0.5*min_sub": 0.5 * out.min_subnormal, "0.75*min_sub": 0.75 * out.min_subnormal}
+               "min_sub": out_min, "1.5*min_sub": 1.5 * out_min,
+               "0.5*min_sub": 0.5 * out_min, "0.75*min_sub": 0.75 * out_min}
     for name, v in targets.items():
         t = r.products([0], [v], allow_subnormal=True)
         if t is not None:
@@ -407,9 +405,9 @@ def _subnormal(r: _Rows) -> None:
 
 def _monotonicity(r: _Rows) -> None:
     p = _out_precision(r.c_format)
-    q = SPECS[r.inputs].precision
+    q = r.spec.precision
     pmin, pmax = _product_range(r.inputs)
-    B = min(pmax - 1, SPECS[r.c_format].emax - 2, max(4, pmin + p + 4))
+    B = min(pmax - 1, r.cspec.emax - 2, max(4, pmin + p + 4))
     for bname in ("maxsig", "1.875"):
         for drop in range(4):
             small = 1.5 * 2.0 ** (B - p + 1 - drop)     # straddles the window's edge
@@ -442,7 +440,7 @@ def _monotonic_big(r: _Rows, bname: str, which: str, B: int, q: int):
 
 
 def _special(r: _Rows) -> None:
-    k, spec, out = r.k, r.spec, SPECS[r.c_format]
+    k, spec, out = r.k, r.spec, r.cspec
     inf, nan = math.inf, math.nan
     # signed zeros
     def sign(z):
@@ -460,7 +458,7 @@ def _special(r: _Rows) -> None:
     r.add("probe:special:cancel:x+c=-x", [(0, 1.5, 1.0)], -1.5)
     r.add("probe:special:cancel:-x+c=x", [(0, -1.5, 1.0)], 1.5)
     # Inf and NaN inputs
-    if spec.has_inf:
+    if spec.infinities:
         r.add("probe:special:inf:a=inf", [(0, inf, 1.0)])
         r.add("probe:special:inf:a=-inf", [(0, -inf, 1.0)])
         r.add("probe:special:inf:inf*0", [(0, inf, 0.0)])
@@ -472,7 +470,7 @@ def _special(r: _Rows) -> None:
     r.add("probe:special:inf:c=inf", [(0, 1.0, 1.0)], inf)
     r.add("probe:special:inf:c=-inf", [(0, 1.0, 1.0)], -inf)
     # overflow of the output format
-    omax = out.max
+    omax = float(out.max)
     half_ulp = 2.0 ** (out.emax - out.man_bits - 1)
     for name, v in (("c=max+halfulp", half_ulp), ("c=max+ulp", 2 * half_ulp),
                     ("c=max+quarterulp", half_ulp / 2), ("c=max+1", 1.0)):
@@ -481,7 +479,7 @@ def _special(r: _Rows) -> None:
             r.add(f"probe:special:overflow:{name}", t, omax)
             r.add(f"probe:special:overflow:-{name}", [(0, -t[0][1], t[0][2])], -omax)
     # products whose sum overflows the output (each product finite in binary32)
-    pmax = min(2 * spec.emax, 127)
+    pmax = min(2 * spec.emax, _FP32.emax)
     big = 2.0**pmax
     if big * 2 > omax:
         t = r.products([0, 1], [big, big])
@@ -498,92 +496,9 @@ def probe_rows(inputs: str, k: int, c_format: str = "fp32") -> ProbeSet:
     ``c_format`` is the accumulator's format (the output format of the MMA):
     "fp32" or "fp16". Deterministic: the same arguments give the same rows.
     """
-    _check_args(inputs, k, c_format)
+    check_args(inputs, k, c_format)
     r = _Rows(inputs, int(k), c_format)
     for family in (_exact, _alignment, _blocksize, _rounding, _carry, _subnormal,
                    _monotonicity, _special):
         family(r)
     return r.done()
-
-
-def exact_rows(inputs: str, k: int, c_format: str = "fp32", n: int = 64) -> ProbeSet:
-    """Only the ``exact`` family: rows whose exact result every correct MMA returns."""
-    _check_args(inputs, k, c_format)
-    r = _Rows(inputs, int(k), c_format)
-    _exact(r, n)
-    return r.done()
-
-
-# ---------------------------------------------------------------------------
-# Random rows
-# ---------------------------------------------------------------------------
-
-def round_to_format(x, fmt: str) -> np.ndarray:
-    """float64 values rounded to nearest-even in ``fmt`` (saturating FP8 to its
-    max so that no NaN appears), returned as float64."""
-    x = np.asarray(x, dtype=np.float64)
-    if fmt == "tf32":
-        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-        bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)
-        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
-    if fmt in ("e4m3", "e5m2"):
-        x = np.clip(x, -SPECS[fmt].max, SPECS[fmt].max)
-    if fmt == "fp32":
-        return x.astype(np.float32).astype(np.float64)
-    from .captures import _ml_dtype
-
-    return x.astype(np.float32).astype(_ml_dtype(fmt)).astype(np.float64)
-
-
-def _random_significand(rng, n, bits: int) -> np.ndarray:
-    """n significands in [1, 2) with ``bits`` bits, uniformly."""
-    frac = rng.integers(0, 2 ** (bits - 1), n)
-    return 1.0 + frac / 2.0 ** (bits - 1)
-
-
-def _wide(rng, inputs: str, k: int, n: int, c_format: str):
-    spec, out = SPECS[inputs], SPECS[c_format]
-    # keep |sum| < 2^(out.emax): k * 4 * 2^(2*ehi) <= 2^(out.emax)
-    ehi = min(spec.emax - 1, (out.emax - 2 - math.ceil(math.log2(k))) // 2)
-    elo = max(spec.emin, math.ceil(-126 / 2))
-    q = spec.precision
-
-    def values(shape):
-        e = rng.integers(elo, ehi + 1, shape)
-        s = rng.choice([-1.0, 1.0], shape)
-        return s * _random_significand(rng, int(np.prod(shape)), q).reshape(shape) * np.exp2(e)
-
-    a, b = values((n, k)), values((n, k))
-    ce = rng.integers(max(2 * elo, out.emin), 2 * ehi + 1, n)
-    c = rng.choice([-1.0, 1.0], n) * _random_significand(rng, n, out.precision) * np.exp2(ce)
-    return a, b, c
-
-
-def _upstream(rng, inputs: str, k: int, n: int, c_format: str):
-    a = round_to_format(rng.standard_normal((n, k)), inputs)
-    b = round_to_format(rng.standard_normal((n, k)), inputs)
-    c = round_to_format(rng.random(n), c_format)
-    return a, b, c
-
-
-def random_rows(inputs: str, k: int, n: int, seed: int, c_format: str = "fp32",
-                style: str = "mixed") -> ProbeSet:
-    """n random rows: ``style`` "wide", "upstream" or "mixed" (half of each)."""
-    _check_args(inputs, k, c_format)
-    if style not in ("wide", "upstream", "mixed"):
-        raise ValueError(f"unknown style {style!r}; allowed: wide, upstream, mixed")
-    rng = np.random.default_rng(seed)
-    parts = []
-    if style in ("wide", "mixed"):
-        nw = n if style == "wide" else n // 2
-        parts.append(("random:wide",) + _wide(rng, inputs, k, nw, c_format))
-    if style in ("upstream", "mixed"):
-        nu = n if style == "upstream" else n - n // 2
-        parts.append(("random:upstream",) + _upstream(rng, inputs, k, nu, c_format))
-    tags = np.concatenate([np.full(p[1].shape[0], p[0]) for p in parts]).astype(str)
-    ps = ProbeSet(inputs, k, c_format, tags,
-                  np.concatenate([p[1] for p in parts]).reshape(-1, k),
-                  np.concatenate([p[2] for p in parts]).reshape(-1, k),
-                  np.concatenate([p[3] for p in parts]))
-    ps.check()
-    return ps

@@ -1,7 +1,8 @@
 """The capture schema: round trips, atomic writes, clear errors, bundled data.
 
 Expected values come from the upstream text files themselves (read here with
-plain int() parsing, not with the code under test) and from numpy casts.
+plain int() parsing, not with the code under test) and from numpy and
+ml_dtypes casts (IEEE conversions, NaN payloads included).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 
 from fpsim.tensorcore import captures as cap
 from fpsim.tensorcore.captures import (Capture, CaptureCase, bundled_captures, f32_bits,
-                                       is_representable, load_capture, load_upstream_text,
-                                       new_meta, save_capture)
+                                       is_representable, load_capture, new_meta, save_capture,
+                                       widen_to_f32_bits)
+from fpsim.tensorcore.upstream import load_upstream_text
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CANDIDATES = (REPO.parent / "shared" / "gpu-captures", Path("/work/shared/gpu-captures"))
@@ -220,6 +222,16 @@ def test_is_representable_against_casts():
     assert list(is_representable(tf, "tf32")) == [True, False, True, False]
 
 
+def test_widening_keeps_every_bit_as_an_ieee_conversion_does():
+    """fp16 -> binary32 as numpy converts (NaN payloads move up 13 bits); bf16 is binary32's top half."""
+    codes = np.arange(2**16, dtype=np.uint32)
+    want16 = codes.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    assert np.array_equal(widen_to_f32_bits(codes, "fp16"), want16)
+    assert np.array_equal(widen_to_f32_bits(codes, "bf16"), codes << np.uint32(16))
+    bits = np.array([0x7FC00001, 0xFF800000, 0x00000001, 0x80000000], dtype=np.uint32)
+    assert np.array_equal(widen_to_f32_bits(bits, "fp32"), bits)
+
+
 # ----------------------------------------------------------- bundled data
 def test_bundled_captures_present_and_valid():
     found = bundled_captures()
@@ -324,10 +336,3 @@ def test_load_upstream_text_errors(tmp_path):
     (d / "c_X100_fp32.txt").write_text("012\n")
     with pytest.raises(ValueError, match="not a 32-bit binary string"):
         load_upstream_text(tmp_path / "X100")
-
-
-def test_cli_summary(good_file, capsys):
-    assert cap._main([str(good_file)]) == 0
-    out = capsys.readouterr().out
-    assert "NVIDIA Test" in out and "dot1" in out
-    assert cap._main([os.devnull]) == 1

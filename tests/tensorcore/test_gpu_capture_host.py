@@ -1,17 +1,21 @@
 """Host side of the GPU capture, tested without a GPU.
 
+Sources of truth:
 * fragment layouts: bijections, and spot checks written out by hand from the
-  PTX ISA's fragment figures (independent of the formulas in gpu_capture);
-* packing: the numpy MMA model, fed the packed registers and decoding them
-  with the same layouts, reproduces the plain float64 A@B+C exactly, so any
-  bit-level packing slip shows up as a mismatch;
-* the designed-row tiles and the driver's self-check (which must catch a
-  wrong layout);
+  PTX ISA's fragment figures (independent of the formulas in `fragments`);
+* packing: the simulated MMA (fpsim's model), fed the packed registers and
+  unpacking them with the same layouts, returns the plain float64 A@B+C of
+  small-integer tiles (exact in any MMA), and every designed row gives what the
+  model gives on the row itself, so any bit-level packing slip shows up;
+* register elements: numpy's and ml_dtypes' bit patterns of the same values;
+* the driver's self-check, whose expected values are float64 sums (never the
+  model), must catch a wrong layout;
 * probes: representable in their formats (checked with torch/ml_dtypes casts),
   deterministic;
-* the command line: refuses cleanly without CUDA, and --simulate writes a
-  valid capture;
-* the CUDA sources assemble for sm_90a when nvcc is present.
+* the command line (`fpsim capture`): refuses cleanly without CUDA, and
+  --simulate writes a valid capture, also through the group processes;
+* a dry run builds every kernel source, compile command and case without CUDA;
+  the CUDA sources assemble for sm_90a when nvcc is present.
 """
 
 from __future__ import annotations
@@ -20,14 +24,20 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fpsim.cli import main
+from fpsim.tensorcore import devices, kernels, probes, samples
+from fpsim.tensorcore import fragments as fr
 from fpsim.tensorcore import gpu_capture as gc
-from fpsim.tensorcore import probes
 from fpsim.tensorcore.captures import load_capture
+from fpsim.tensorcore.core import TensorCore
+from fpsim.tensorcore.library_capture import library_cases
+from fpsim.tensorcore.validate import same_bits
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = {s.kernel: s for s in gc.MMA_SPECS}
@@ -53,44 +63,44 @@ def held(op, thread):
 
 def test_layout_spot_checks_from_ptx_figures():
     # m16n8k16 .f16: lane 0 holds A rows 0/8, cols 0,1 and 8,9; lane 5 (group 1, thread 1)
-    a = gc.frag_a(16, 16)
+    a = fr.frag_a(16, 16)
     assert held(a, 0) == [(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)]
     assert held(a, 5) == [(1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)]
-    assert held(gc.frag_b(16, 16), 0) == [(0, 0), (1, 0), (8, 0), (9, 0)]
-    assert held(gc.frag_b(16, 16), 6) == [(4, 1), (5, 1), (12, 1), (13, 1)]
+    assert held(fr.frag_b(16, 16), 0) == [(0, 0), (1, 0), (8, 0), (9, 0)]
+    assert held(fr.frag_b(16, 16), 6) == [(4, 1), (5, 1), (12, 1), (13, 1)]
     # m16n8k8 .f16
-    assert held(gc.frag_a(8, 16), 7) == [(1, 6), (1, 7), (9, 6), (9, 7)]
-    assert held(gc.frag_b(8, 16), 7) == [(6, 1), (7, 1)]
+    assert held(fr.frag_a(8, 16), 7) == [(1, 6), (1, 7), (9, 6), (9, 7)]
+    assert held(fr.frag_b(8, 16), 7) == [(6, 1), (7, 1)]
     # m16n8k8 / k4 .tf32
-    assert held(gc.frag_a(8, 32), 0) == [(0, 0), (8, 0), (0, 4), (8, 4)]
-    assert held(gc.frag_a(8, 32), 9) == [(2, 1), (10, 1), (2, 5), (10, 5)]
-    assert held(gc.frag_b(8, 32), 9) == [(1, 2), (5, 2)]
-    assert held(gc.frag_a(4, 32), 3) == [(0, 3), (8, 3)]
-    assert held(gc.frag_b(4, 32), 3) == [(3, 0)]
+    assert held(fr.frag_a(8, 32), 0) == [(0, 0), (8, 0), (0, 4), (8, 4)]
+    assert held(fr.frag_a(8, 32), 9) == [(2, 1), (10, 1), (2, 5), (10, 5)]
+    assert held(fr.frag_b(8, 32), 9) == [(1, 2), (5, 2)]
+    assert held(fr.frag_a(4, 32), 3) == [(0, 3), (8, 3)]
+    assert held(fr.frag_b(4, 32), 3) == [(3, 0)]
     # m16n8k32 / k16 .e4m3
-    a32 = gc.frag_a(32, 8)
+    a32 = fr.frag_a(32, 8)
     assert held(a32, 1) == ([(0, 4 + j) for j in range(4)] + [(8, 4 + j) for j in range(4)]
                             + [(0, 20 + j) for j in range(4)] + [(8, 20 + j) for j in range(4)])
-    assert held(gc.frag_b(32, 8), 1) == [(4, 0), (5, 0), (6, 0), (7, 0), (20, 0), (21, 0), (22, 0), (23, 0)]
-    assert held(gc.frag_a(16, 8), 4) == [(1, 0), (1, 1), (1, 2), (1, 3), (9, 0), (9, 1), (9, 2), (9, 3)]
-    assert held(gc.frag_b(16, 8), 4) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert held(fr.frag_b(32, 8), 1) == [(4, 0), (5, 0), (6, 0), (7, 0), (20, 0), (21, 0), (22, 0), (23, 0)]
+    assert held(fr.frag_a(16, 8), 4) == [(1, 0), (1, 1), (1, 2), (1, 3), (9, 0), (9, 1), (9, 2), (9, 3)]
+    assert held(fr.frag_b(16, 8), 4) == [(0, 1), (1, 1), (2, 1), (3, 1)]
     # C/D 16x8, and the warpgroup version (warp w owns rows 16w..16w+15)
-    assert held(gc.frag_c(32), 0) == [(0, 0), (0, 1), (8, 0), (8, 1)]
-    assert held(gc.frag_c(32), 31) == [(7, 6), (7, 7), (15, 6), (15, 7)]
-    assert held(gc.frag_c(32, 128), 32 * 3 + 31) == [(55, 6), (55, 7), (63, 6), (63, 7)]
-    assert held(gc.frag_a(16, 16, 128), 64)[:2] == [(32, 0), (32, 1)]
+    assert held(fr.frag_c(32), 0) == [(0, 0), (0, 1), (8, 0), (8, 1)]
+    assert held(fr.frag_c(32), 31) == [(7, 6), (7, 7), (15, 6), (15, 7)]
+    assert held(fr.frag_c(32, 128), 32 * 3 + 31) == [(55, 6), (55, 7), (63, 6), (63, 7)]
+    assert held(fr.frag_a(16, 16, 128), 64)[:2] == [(32, 0), (32, 1)]
 
 
 def test_register_packing_order():
     # f16x2: element 0 in the low half; fp8x4: element 0 in byte 0
-    op = gc.frag_a(16, 16)
+    op = fr.frag_a(16, 16)
     m = np.zeros((1, 16, 16), dtype=np.uint32)
     m[0, 0, 0], m[0, 0, 1] = 0x1111, 0x2222
-    assert gc.pack(m, op)[0, 0, 0] == 0x22221111
-    op8 = gc.frag_a(32, 8)
+    assert fr.pack(m, op)[0, 0, 0] == 0x22221111
+    op8 = fr.frag_a(32, 8)
     m8 = np.zeros((1, 16, 32), dtype=np.uint32)
     m8[0, 0, :4] = [0x11, 0x22, 0x33, 0x44]
-    assert gc.pack(m8, op8)[0, 0, 0] == 0x44332211
+    assert fr.pack(m8, op8)[0, 0, 0] == 0x44332211
 
 
 @pytest.mark.parametrize("spec", gc.MMA_SPECS, ids=spec_ids)
@@ -98,22 +108,22 @@ def test_pack_unpack_round_trip(spec):
     rng = np.random.default_rng(0)
     for op in [spec.a, spec.c] + ([spec.b] if spec.group == "mma" else []):
         bits = rng.integers(0, 2**op.elem_bits, (3,) + op.shape, dtype=np.uint64).astype(np.uint32)
-        regs = gc.pack(bits, op)
+        regs = fr.pack(bits, op)
         assert regs.shape == (3, op.threads, op.regs)
-        assert np.array_equal(gc.unpack(regs, op), bits)
+        assert np.array_equal(fr.unpack(regs, op), bits)
 
 
 @pytest.mark.parametrize("fmt,bits", [("fp16", 16), ("tf32", 32), ("e5m2", 8)])
 def test_wgmma_b_image(fmt, bits):
     k = {16: 16, 32: 8, 8: 32}[bits]
-    off = gc.wgmma_b_offsets(k, bits)
+    off = fr.wgmma_b_offsets(k, bits)
     es = bits // 8
     assert off[0, 1] == 16                          # next n: next 16-byte row of the core matrix
-    assert off[16 // es, 0] == gc.WGMMA_LBO         # first k of the second core matrix
+    assert off[16 // es, 0] == fr.WGMMA_LBO         # first k of the second core matrix
     assert sorted(set((off[..., None] + np.arange(es)).ravel().tolist())) == list(range(256))
     rng = np.random.default_rng(1)
     b = rng.integers(0, 2**bits, (2, k, 8), dtype=np.uint64).astype(np.uint32)
-    assert np.array_equal(gc.read_wgmma_b(gc.pack_wgmma_b(b, k, bits), k, bits), b)
+    assert np.array_equal(fr.read_wgmma_b(fr.pack_wgmma_b(b, k, bits), k, bits), b)
 
 
 # ------------------------------------------- the numpy MMA from the fragments
@@ -133,8 +143,8 @@ def test_simulated_mma_from_packed_fragments_is_a_at_b_plus_c(spec):
     assert c_regs.shape == (3, spec.threads, spec.c.regs)
     if spec.group == "wgmma":
         assert b_words.shape == (3, 64)
-    d_regs = gc.simulate_mma(spec, a_regs, b_words, c_regs)
-    D = gc.decode(gc.unpack(d_regs, spec.c), spec.acc)
+    d_regs = gc.simulated_launcher(spec, a_regs, b_words, c_regs)
+    D = fr.from_elements(fr.unpack(d_regs, spec.c), spec.acc)
     np.testing.assert_array_equal(D, A @ B + C)
 
 
@@ -148,7 +158,7 @@ def test_rows_to_tiles_returns_the_designed_rows(spec):
     A, B, C = gc.rows_to_tiles(a, b, c, spec.m)
     assert A.shape == (3, spec.m, spec.k) and B.shape == (3, spec.k, 8)
     D_bits = gc.run_tiles(spec, A, B, C, gc.simulated_launcher)
-    d = gc.tile_diagonals(gc.decode(D_bits, spec.acc), rows)
+    d = gc.tile_diagonals(fr.from_elements(D_bits, spec.acc), rows)
     np.testing.assert_array_equal(d, (a * b).sum(1) + c)
 
 
@@ -159,13 +169,14 @@ def test_instruction_case_through_the_simulator():
     assert case.meta["self_check"]["passed"]
     assert case.meta["rows_random"] == 64 and case.rows == case.meta["rows_probe"] + 64
     ps = probes.concat(probes.probe_rows("bf16", 16, "fp32"),
-                       probes.random_rows("bf16", 16, 64, gc.case_seed(0, spec.kernel), "fp32"))
+                       samples.random_rows("bf16", 16, 64, samples.case_seed(0, spec.kernel), "fp32"))
     np.testing.assert_array_equal(case.a_values, ps.a)
     assert list(case.tags) == list(ps.tags)
-    # the model rounds the float64 sum once; compare where that sum is exact
-    exact = ps.family_mask("exact") | ps.family_mask("rounding")
-    want = ps.exact_sum()[exact].astype(np.float32).astype(np.float64)
-    np.testing.assert_array_equal(case.d_values[exact], want)
+    exact = ps.family_mask("exact")           # float64 sums, exact: what every MMA returns
+    np.testing.assert_array_equal(case.d_values[exact], ps.exact_sum()[exact])
+    # every row came through the tiles as it went in: the model on the rows themselves
+    direct = TensorCore(gc.SIMULATED_DEVICE, "bf16", "fp32", instruction="m16n8k16").dot(ps.a, ps.b, ps.c)
+    assert same_bits(case.d_values, direct).all()
 
 
 def test_fp16_accumulator_case_widens_c_and_d():
@@ -177,13 +188,13 @@ def test_fp16_accumulator_case_widens_c_and_d():
 
 def test_self_check_catches_a_layout_bug():
     spec = SPECS["mma_m16n8k16_f32_f16"]
-    wrong_a = gc.frag_a(16, 16)
+    wrong_a = fr.frag_a(16, 16)
     # swap the two column halves, as a packing bug would
-    swapped = gc.Operand(wrong_a.rows, wrong_a.cols ^ 8, 16, wrong_a.shape)
+    swapped = fr.Operand(wrong_a.rows, wrong_a.cols ^ 8, 16, wrong_a.shape)
 
     def buggy_hardware(spec_, a_regs, b_words, c_regs):
-        A = gc.unpack(a_regs, swapped)
-        return gc.simulate_mma(spec_, gc.pack(A, spec_.a), b_words, c_regs)
+        A = fr.unpack(a_regs, swapped)
+        return gc.simulated_launcher(spec_, fr.pack(A, spec_.a), b_words, c_regs)
 
     with pytest.raises(gc.SelfCheckError, match="layout or packing bug"):
         gc.capture_instruction_case(spec, 8, 0, buggy_hardware)
@@ -193,23 +204,42 @@ def test_self_check_catches_wrong_diagonal():
     spec = SPECS["mma_m16n8k8_f32_tf32"]
 
     def transposed_b(spec_, a_regs, b_words, c_regs):      # B read as its transpose-ish
-        B = gc.unpack(b_words, spec_.b)
+        B = fr.unpack(b_words, spec_.b)
         B = B[:, ::-1, :].copy()
-        return gc.simulate_mma(spec_, a_regs, gc.pack(B, spec_.b), c_regs)
+        return gc.simulated_launcher(spec_, a_regs, fr.pack(B, spec_.b), c_regs)
 
     with pytest.raises(gc.SelfCheckError):
         gc.capture_instruction_case(spec, 8, 0, transposed_b)
 
 
-def test_encode_decode():
-    for fmt in ("fp16", "bf16", "tf32", "e4m3", "e5m2", "fp32"):
-        x = np.array([0.0, -0.0, 1.0, -1.5, 0.25, np.nan])
-        assert np.array_equal(gc.decode(gc.encode(x, fmt), fmt), x, equal_nan=True)
-        assert np.signbit(gc.decode(gc.encode(x, fmt), fmt)[1])
+@pytest.mark.parametrize("fmt,dtype,width", [("fp16", np.float16, 16), ("fp32", np.float32, 32),
+                                              ("bf16", "bfloat16", 16), ("e4m3", "float8_e4m3fn", 8),
+                                              ("e5m2", "float8_e5m2", 8)])
+def test_register_elements_are_the_bit_patterns_numpy_and_ml_dtypes_give(fmt, dtype, width):
+    import ml_dtypes
+    dtype = getattr(ml_dtypes, dtype) if isinstance(dtype, str) else dtype
+    x = np.array([0.0, -0.0, 1.0, -1.5, 0.25, 3.0, -0.125])
+    want = x.astype(dtype).view(f"uint{width}").astype(np.uint32)
+    assert np.array_equal(fr.to_elements(x, fmt), want)
+    assert fr.element_bits(fmt) == width
+    back = fr.from_elements(want, fmt)
+    assert np.array_equal(back, x) and np.signbit(back[1])
+
+
+def test_tf32_elements_sit_in_binary32_layout():
+    """PTX holds a tf32 value in a 32-bit register as binary32 with the low 13 bits zero, and ignores them."""
+    x = np.array([1.0, -1.5, 1 + 2.0**-10, 3.0 * 2.0**-130])
+    assert np.array_equal(fr.to_elements(x, "tf32"), x.astype(np.float32).view(np.uint32))
+    noisy = x.astype(np.float32).view(np.uint32) | np.uint32(0x1FFF)
+    assert np.array_equal(fr.from_elements(noisy, "tf32"), x)
+
+
+def test_elements_refuse_values_outside_the_format():
+    assert np.isnan(fr.from_elements(fr.to_elements(np.array([np.nan]), "e4m3"), "e4m3")[0])
     with pytest.raises(ValueError, match="not representable in e4m3"):
-        gc.encode(np.array([1.0625]), "e4m3")
+        fr.to_elements(np.array([1.0625]), "e4m3")
     with pytest.raises(ValueError, match="not representable in e4m3"):
-        gc.encode(np.array([np.inf]), "e4m3")
+        fr.to_elements(np.array([np.inf]), "e4m3")
 
 
 # ------------------------------------------------------------------ probes
@@ -257,16 +287,16 @@ def test_probes_representable_and_deterministic(fmt, k, c_format):
 
 @pytest.mark.parametrize("fmt,k", FORMAT_K[::2])
 def test_random_rows(fmt, k):
-    r1 = probes.random_rows(fmt, k, 200, seed=5)
-    r2 = probes.random_rows(fmt, k, 200, seed=5)
-    r3 = probes.random_rows(fmt, k, 200, seed=6)
+    r1 = samples.random_rows(fmt, k, 200, seed=5)
+    r2 = samples.random_rows(fmt, k, 200, seed=5)
+    r3 = samples.random_rows(fmt, k, 200, seed=6)
     assert np.array_equal(r1.a, r2.a) and not np.array_equal(r1.a, r3.a)
     assert_representable(r1.a, fmt, "a")
     assert_representable(r1.b, fmt, "b")
     assert_representable(r1.c, "fp32", "c")
     assert (r1.tags == "random:wide").sum() == 100 and (r1.tags == "random:upstream").sum() == 100
     assert np.isfinite(r1.exact_sum()).all()
-    r16 = probes.random_rows(fmt, k, 100, seed=5, c_format="fp16")
+    r16 = samples.random_rows(fmt, k, 100, seed=5, c_format="fp16")
     assert_representable(r16.c, "fp16", "c")
     assert (np.abs(r16.exact_sum()) < 65504).all()
 
@@ -295,59 +325,78 @@ def cuda_available():
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has CUDA")
 def test_cli_refuses_without_cuda(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "fpsim.tensorcore.gpu_capture",
-                          "--out", str(tmp_path / "x.npz")],
+    res = subprocess.run([sys.executable, "-m", "fpsim", "capture", "--out", str(tmp_path / "x.npz")],
                          capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 2
-    assert "no CUDA device" in res.stderr and "--simulate" in res.stderr
+    assert "fpsim capture: no CUDA device" in res.stderr and "--simulate" in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     assert not (tmp_path / "x.npz").exists()
 
 
 def test_cli_rejects_unknown_format(tmp_path, capsys):
+    assert main(["capture", "--out", str(tmp_path / "x.npz"), "--formats", "fp16,fp12"]) == 2
+    assert "unknown format(s) ['fp12']; allowed: ['fp16'" in capsys.readouterr().err
+
+
+def test_cli_help_names_the_command(capsys):
     with pytest.raises(SystemExit):
-        gc.parse_args(["--out", str(tmp_path / "x.npz"), "--formats", "fp16,fp12"])
-    assert "unknown format(s) ['fp12']" in capsys.readouterr().err
+        main(["capture", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fpsim capture") and "--simulate" in out
 
 
-def test_cli_simulate_in_process(tmp_path):
+def test_cli_simulate_in_process(tmp_path, capsys):
     out = tmp_path / "sim.npz"
-    rc = gc.main(["--simulate", "--in-process", "--skip-library", "--rows", "16",
-                  "--formats", "fp16,e5m2", "--out", str(out), "--log", str(tmp_path / "log")])
+    rc = main(["capture", "--simulate", "--in-process", "--skip-library", "--rows", "16",
+               "--formats", "fp16,e5m2", "--out", str(out), "--log", str(tmp_path / "log")])
     assert rc == 0
     capture = load_capture(out)
     want = [s.kernel for s in gc.MMA_SPECS if s.inputs in ("fp16", "e5m2")]
     assert sorted(capture.names) == sorted(want)
-    assert capture.meta["backend"] == "numpy-simulation" and capture.meta["failures"] == []
-    assert "wrote" in (tmp_path / "log").read_text()
+    assert capture.meta["backend"] == gc.simulated_launcher.backend and capture.meta["failures"] == []
+    log = (tmp_path / "log").read_text()
+    assert "wrote" in log and "ok   mma_m16n8k16_f32_f16" in log
+    assert log.splitlines() == [line for line in capsys.readouterr().out.splitlines()]
+
+
+def test_a_simulated_capture_validates_bit_exact_against_the_model_it_ran(tmp_path, capsys):
+    """Plumbing end to end (tiles, registers, widening, the file, `fpsim validate`): the simulated
+    capture holds the simulated model's answers, so validating it with that model finds every row."""
+    out = tmp_path / "sim.npz"
+    assert main(["capture", "--simulate", "--in-process", "--skip-library", "--rows", "32",
+                 "--formats", "tf32,e4m3", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(out), "--device", gc.SIMULATED_DEVICE]) == 0
+    assert "instruction: " in capsys.readouterr().out
 
 
 def test_cli_simulate_group_processes(tmp_path):
-    """The real path: each group in a child process started without fpsim/__init__.py."""
+    """The real path: each group in a child process, its progress streamed back."""
     out = tmp_path / "sim.npz"
-    res = subprocess.run([sys.executable, "-m", "fpsim.tensorcore.gpu_capture", "--simulate",
+    res = subprocess.run([sys.executable, "-m", "fpsim", "capture", "--simulate",
                           "--skip-library", "--rows", "8", "--formats", "tf32",
-                          "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+                          "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     capture = load_capture(out)
     assert sorted(capture.names) == ["mma_m16n8k4_f32_tf32", "mma_m16n8k8_f32_tf32",
                                      "wgmma_m64n8k8_f32_tf32"]
     assert capture.meta["groups_done"] == 2
+    assert "ok   wgmma_m64n8k8_f32_tf32" in res.stdout and "group wgmma done" in res.stdout
 
 
-def test_group_failure_is_recorded(tmp_path, monkeypatch):
-    def boom(group, args, log):
+def test_group_failure_is_recorded(tmp_path, monkeypatch, capsys):
+    def boom(group, options, progress):
         raise RuntimeError("kernel exploded")
     monkeypatch.setattr(gc, "run_group", boom)
-    rc = gc.main(["--simulate", "--in-process", "--skip-library", "--skip-wgmma",
-                  "--out", str(tmp_path / "x.npz")])
+    rc = main(["capture", "--simulate", "--in-process", "--skip-library", "--skip-wgmma",
+               "--out", str(tmp_path / "x.npz")])
     assert rc == 1                                    # nothing captured
     capture = load_capture(tmp_path / "x.npz")
     assert capture.meta["failures"][0]["case"] == "group:mma"
     assert "kernel exploded" in capture.meta["failures"][0]["error"]
 
 
-def test_case_failure_is_recorded_and_others_go_on(tmp_path, monkeypatch):
+def test_case_failure_is_recorded_and_others_go_on(tmp_path, monkeypatch, capsys):
     real = gc.capture_instruction_case
 
     def flaky(spec, *a, **kw):
@@ -355,8 +404,8 @@ def test_case_failure_is_recorded_and_others_go_on(tmp_path, monkeypatch):
             raise gc.SelfCheckError(f"{spec.kernel}: self-check failed (test)")
         return real(spec, *a, **kw)
     monkeypatch.setattr(gc, "capture_instruction_case", flaky)
-    gc.main(["--simulate", "--in-process", "--skip-library", "--skip-wgmma", "--rows", "8",
-             "--formats", "tf32", "--out", str(tmp_path / "x.npz")])
+    main(["capture", "--simulate", "--in-process", "--skip-library", "--skip-wgmma", "--rows", "8",
+          "--formats", "tf32", "--out", str(tmp_path / "x.npz")])
     capture = load_capture(tmp_path / "x.npz")
     assert capture.names == ["mma_m16n8k4_f32_tf32"]
     assert capture.meta["failures"] == [{"case": "mma_m16n8k8_f32_tf32",
@@ -373,12 +422,12 @@ def kernels_in(path):
 def test_cuda_sources_match_specs():
     found = {}
     for group in ("mma", "wgmma"):
-        found.update(kernels_in(gc.cuda_source_path(group)))
+        found.update(kernels_in(kernels.cuda_source_path(group)))
     assert set(found) == set(SPECS)
     for name, instr in found.items():
         assert instr == SPECS[name].instruction, name
-    wg = gc.cuda_source_path("wgmma").read_text()
-    assert f"#define WGMMA_LBO {gc.WGMMA_LBO}" in wg
+    wg = kernels.cuda_source_path("wgmma").read_text()
+    assert f"#define WGMMA_LBO {fr.WGMMA_LBO}" in wg
 
 
 NVCC = shutil.which("nvcc")
@@ -387,8 +436,8 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("group", ["mma", "wgmma"])
 def test_cuda_sources_assemble_for_sm90a(group, tmp_path):
-    src = gc.cuda_source_path(group)
-    flags = gc.compile_flags((9, 0), group)
+    src = kernels.cuda_source_path(group)
+    flags = kernels.compile_flags((9, 0))
     assert flags == ["-gencode=arch=compute_90a,code=sm_90a"]
     for kind, out in (("-cubin", "k.cubin"), ("--ptx", "k.ptx")):
         res = subprocess.run([NVCC, kind, *flags, "-o", str(tmp_path / out), str(src)],
@@ -402,10 +451,10 @@ def test_cuda_sources_assemble_for_sm90a(group, tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 def test_mma_source_builds_without_fp8_for_older_gpus(tmp_path):
-    flags = gc.compile_flags((8, 0), "mma")
+    flags = kernels.compile_flags((8, 0))
     assert "-DFPSIM_NO_FP8" in flags
     res = subprocess.run([NVCC, "-cubin", *flags, "-o", str(tmp_path / "k.cubin"),
-                          str(gc.cuda_source_path("mma"))], capture_output=True, text=True)
+                          str(kernels.cuda_source_path("mma"))], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -413,7 +462,7 @@ def test_library_cases_on_torch_cpu(tmp_path):
     """The library code path on torch's CPU kernels (no tensor cores: plumbing only)."""
     pytest.importorskip("torch")
     from fpsim.tensorcore.captures import Capture, new_meta, save_capture
-    items = list(gc.library_cases(0, ["bf16", "e4m3"], print, ks=(32,), mn=16, dev="cpu"))
+    items = list(library_cases(0, ["bf16", "e4m3"], ks=(32,), mn=16, dev="cpu"))
     cases = [item for what, item in items if what == "case"]
     names = [c.name for c in cases]
     assert "torch_matmul_bf16_rr0_k32" in names and "torch_matmul_bf16_rr1_k32" in names
@@ -429,3 +478,58 @@ def test_library_cases_on_torch_cpu(tmp_path):
     back = load_capture(save_capture(Capture(new_meta("cpu"), cases), tmp_path / "lib.npz"))
     assert back.names == names
     assert all(what in ("case", "skip") for what, _ in items)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (7, 5)])
+def test_dry_run_builds_every_kernel_source_and_case(cc):
+    """What a GPU of compute capability cc would be given, built without CUDA: per group the kernels
+    it runs and skips (the PTX ISA: FP8 MMA from sm_89, wgmma on sm_90a only, these sources need
+    sm_80), the compile flags, the torch-extension source holding every kernel, and every case's
+    packed registers at the shapes the kernels read."""
+    wanted = {(8, 0): 8, (8, 6): 8, (8, 9): 14, (9, 0): 22, (10, 0): 14, (12, 0): 14, (7, 5): 0}[cc]
+    ran = 0
+    for group in ("mma", "wgmma"):
+        chosen, skipped = gc._specs_for(group, devices.INPUT_FORMATS, cc)
+        assert len(chosen) + len(skipped) == sum(s.group == group for s in gc.MMA_SPECS)
+        assert all(item["reason"] for item in skipped)
+        flags = kernels.compile_flags(cc)
+        assert flags[0].startswith("-gencode=arch=compute_") and ("-DFPSIM_NO_FP8" in flags) == (cc < (8, 9))
+        source = kernels.torch_launcher_source(group, [s.kernel for s in gc.MMA_SPECS if s.group == group])
+        for spec in chosen:
+            assert f'name == "{spec.kernel}"' in source and spec.instruction in source
+            ps = probes.concat(probes.probe_rows(spec.inputs, spec.k, spec.acc),
+                               samples.random_rows(spec.inputs, spec.k, 16, 0, spec.acc))
+            A, B, C = gc.rows_to_tiles(ps.a, ps.b, ps.c, spec.m)
+            a_regs, b_words, c_regs = gc.pack_operands(spec, A, B, C)
+            tiles = A.shape[0]
+            assert a_regs.shape == (tiles, spec.threads, spec.a.regs)
+            assert b_words.shape == ((tiles, spec.threads, spec.b.regs) if group == "mma" else (tiles, 64))
+            assert c_regs.shape == (tiles, spec.threads, spec.c.regs)
+            grid, block = kernels.launch_shape(spec.group, tiles)
+            assert block == 128 and grid * (4 if group == "mma" else 1) >= tiles
+        ran += len(chosen)
+        if NVCC and chosen and cc not in ((8, 0), (9, 0)):   # (those two: the nvcc tests below)
+            assert set(ptx_entries(group, cc)) == {s.kernel for s in chosen}
+    assert ran == wanted
+
+
+def ptx_entries(group, cc):
+    """The kernels nvcc builds from a group's source with the capture's flags for cc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "k.ptx"
+        res = subprocess.run([NVCC, "--ptx", *kernels.compile_flags(cc), "-o", str(out),
+                              str(kernels.cuda_source_path(group))], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return re.findall(r"^\.visible \.entry (\w+)\(", out.read_text(), flags=re.M)
+
+
+def test_fp8_path_read_from_the_real_h200_sass():
+    """The SASS nvcc 13.0 made of our kernels on the H200 (docs/captures/) gives the path the bundled
+    capture records for each FP8 case: HMMA (binary16 MMAs) for mma.sync, QGMMA for wgmma."""
+    h200 = load_capture(REPO / "fpsim" / "data" / "captures" / "h200.npz", check_values=False)
+    for group in ("mma", "wgmma"):
+        sass = (REPO / "docs" / "captures" / f"h200-{group}.sass").read_text()
+        for spec in (s for s in gc.MMA_SPECS if s.group == group and devices.is_fp8(s.inputs)):
+            path = kernels.fp8_path_from_sass(sass, spec.kernel)
+            assert path == ("fp16" if group == "mma" else "native") == h200.case(spec.kernel).meta["path"]
+    assert kernels.fp8_path_from_sass(sass, "no_such_kernel") is None

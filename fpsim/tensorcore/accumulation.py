@@ -1,0 +1,196 @@
+"""How partial sums meet over K: the tensor core's own chain, library schedules, and references.
+
+Schedules (`Schedule`, used by `TensorCore`), on numpy arrays and torch tensors alike:
+
+* sequential (the default): every instruction chained in k order, each one's
+  result the next one's accumulator, as one long MMA chain;
+* ``split_k=S``: K cut into S contiguous slices (whole instructions), each
+  accumulated by the tensor core from zero (the first from C), the partial
+  results added in binary32 (round to nearest) at the end, as split-K GEMMs do;
+* ``promote_every=N``: every N products the tensor core's partial result is
+  added into a binary32 accumulator on the CUDA cores (round to nearest): the
+  FP8 remedy of DeepSeek-V3 (N = 128) and CUTLASS;
+* ``epilogue``: the result rounded once more (nearest even) to the format a
+  library writes, as a GEMM writing fp16 or bf16 from an fp32 accumulator.
+
+References to compare tensor cores with (`reference_dot`): products formed
+exactly (float64 holds the product of two binary32 values), then
+
+* ``exact``: the exact value of sum(a*b) + c, rounded once to binary32 (nearest
+  even): math.fsum gives the float64 nearest the exact sum, a second fsum gives
+  the sign of what it left out, and that sign decides the rounding to binary32
+  exactly (the double rounding is then innocuous). It runs on the host;
+* ``fp32``: recursive summation in binary32, s = fl(s + fl(a_k b_k)), from s = c;
+* ``pairwise``: binary32 pairwise summation of fl(a_k b_k) (halves summed
+  recursively), then + c;
+* ``kahan``: binary32 Kahan compensated summation, from s = c.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import _arrays
+from ..formats import PRESETS, Format, format as get_format
+from ..rounding import quantize
+from . import blockfma
+from .blockfma import BlockFMA
+
+_FP32 = PRESETS["fp32"]
+METHODS = ("exact", "fp32", "pairwise", "kahan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How a product beyond one instruction is accumulated (module doc)."""
+
+    split_k: int = 1
+    promote_every: int | None = None
+    epilogue: Format | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"split_k must be a positive int, got {self.split_k!r}")
+        if self.promote_every is not None and self.split_k > 1:
+            raise ValueError("choose split_k or promote_every, not both")
+        if self.epilogue is not None:
+            object.__setattr__(self, "epilogue", get_format(self.epilogue))
+
+    def check(self, params: BlockFMA) -> None:
+        """Refuse a promotion interval that is not a whole number of blocks."""
+        every = self.promote_every
+        if every is not None and (not isinstance(every, int) or every < 1 or every % params.block_size):
+            raise ValueError(f"promote_every must be a positive multiple of the block size "
+                             f"{params.block_size}, got {self.promote_every!r}")
+
+    def describe(self) -> str:
+        parts = [f"split_k={self.split_k}"] if self.split_k > 1 else []
+        parts += [f"promote_every={self.promote_every}"] if self.promote_every else []
+        return "".join(f", {p}" for p in parts)
+
+
+def accumulate(products, K: int, c, params: BlockFMA, schedule: Schedule, output: Format, ops, finite: bool):
+    """All K products added to c (float64 values of `output`) by the schedule; float64 values
+    of the epilogue's format (else of `output`). products(ks) gives the products of index slice
+    or array ks and their alignment exponents; finite: no product is Inf or NaN."""
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 lanes are settled by blockfma
+        if schedule.promote_every:
+            slices = _slices(K, schedule.promote_every)
+            total = c
+            for lo, hi in slices:
+                total = _fp32_add(total, sequential(products, lo, hi, ops.constant(0.0, c), params, ops, finite))
+            out = _round_to(total, output)
+        elif schedule.split_k > 1:
+            per = -(-(-(-K // params.k)) // schedule.split_k) * params.k
+            partials = [sequential(products, lo, hi, c if lo == 0 else ops.constant(0.0, c), params, ops, finite)
+                        for lo, hi in _slices(K, per)]
+            total = partials[0]
+            for partial in partials[1:]:
+                total = _fp32_add(total, partial)
+            out = _round_to(total, output)
+        else:
+            out = sequential(products, 0, K, c, params, ops, finite)
+    return quantize(out, schedule.epilogue, "nearest_even") if schedule.epilogue is not None else out
+
+
+def sequential(products, lo: int, hi: int, c, params: BlockFMA, ops, finite: bool):
+    """Products lo..hi-1 through the tensor core's instructions in k order, starting from c."""
+    d = c
+    for start in range(lo, hi, params.k):
+        d = blockfma.instruction(products, start, min(params.k, hi - start), d, params, ops, finite)
+    return d
+
+
+def _slices(K: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(K, lo + size)) for lo in range(0, K, size)]
+
+
+def _fp32_add(x, y):
+    """x + y rounded to binary32 (nearest even), from float64 holding binary32 values (exact sum)."""
+    return quantize(x + y, _FP32, "nearest_even")
+
+
+def _round_to(total, output: Format):
+    return total if output == _FP32 else quantize(total, output, "nearest_even")
+
+
+# ------------------------------------------------------------------- references
+def reference_dot(a, b, c=None, method: str = "exact"):
+    """sum_k a[..., k] * b[..., k] + c[...] by a reference method; binary32 result
+    (numpy float32, or a torch float32 tensor on a's device)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    ops = _arrays.Ops(a)
+    a, b = _float64(a, ops), _float64(b, ops)
+    if tuple(a.shape) != tuple(b.shape) or a.ndim == 0:
+        raise ValueError(f"a and b need the same shape with a last axis (K), got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    c = _zeros_like(a[..., 0], ops) if c is None else _float64(c, ops)
+    if tuple(c.shape) != tuple(a.shape[:-1]):
+        raise ValueError(f"c must have shape {tuple(a.shape[:-1])}, got {tuple(c.shape)}")
+    products = a * b
+    if method == "exact":
+        return _exact(products, c, ops)
+    p32, s = _float32(products, ops), _float32(c, ops)
+    if method == "pairwise":
+        return (_pairwise(p32) if p32.shape[-1] else _zeros_like(s, ops)) + s
+    compensation = _zeros_like(s, ops)
+    for k in range(p32.shape[-1]):
+        if method == "fp32":
+            s = s + p32[..., k]
+            continue
+        y = p32[..., k] - compensation
+        t = s + y
+        compensation = (t - s) - y
+        s = t
+    return s
+
+
+def _exact(products, c, ops):
+    host_p = products.cpu().numpy() if ops.torch else products
+    host_c = c.cpu().numpy() if ops.torch else c
+    flat_p, flat_c = host_p.reshape(-1, host_p.shape[-1]), host_c.reshape(-1)
+    nearest = np.empty(flat_c.shape)
+    for i in range(flat_c.size):
+        terms = list(flat_p[i]) + [float(flat_c[i])]
+        hi = math.fsum(terms)
+        rest = math.fsum(terms + [-hi]) if math.isfinite(hi) else 0.0
+        # hi is the float64 nearest the exact sum; nudging it one float64 step towards
+        # the remainder keeps it strictly on the exact sum's side of every binary32
+        # rounding boundary, so rounding it once more is exact.
+        nearest[i] = hi if rest == 0 else math.nextafter(hi, math.copysign(math.inf, rest))
+    result = np.asarray(quantize(nearest.reshape(host_c.shape), _FP32), dtype=np.float32)
+    return _arrays._torch.from_numpy(result).to(products.device) if ops.torch else result
+
+
+def _pairwise(p32):
+    """Neighbours summed level by level; an odd one out is added to +0 (the zero padding to a
+    power of two)."""
+    while p32.shape[-1] > 1:
+        pairs = p32[..., 0:p32.shape[-1] - 1:2] + p32[..., 1::2]
+        p32 = _concat_last(pairs, p32[..., -1:] + 0.0) if p32.shape[-1] % 2 else pairs
+    return p32[..., 0]
+
+
+# ------------------------------------------- backend operations _arrays.Ops lacks
+def _float64(x, ops):
+    if ops.torch != _arrays.is_torch(x):
+        raise TypeError("a, b and c must be the same array type (numpy or torch)")
+    return x.to(_arrays._torch.float64) if ops.torch else np.asarray(x, dtype=np.float64)
+
+
+def _float32(x, ops):
+    return x.to(_arrays._torch.float32) if ops.torch else x.astype(np.float32)
+
+
+def _zeros_like(x, ops):
+    return _arrays._torch.zeros_like(x) if ops.torch else np.zeros_like(x)
+
+
+def _concat_last(x, y):
+    if _arrays.is_torch(x):
+        return _arrays._torch.cat([x, y], -1)
+    return np.concatenate([x, y], -1)
