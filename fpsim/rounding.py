@@ -43,6 +43,7 @@ def quantize(
     rand_bits: int | None = None,
     flush_subnormal_inputs: bool = False,
     flush_subnormal_outputs: bool = False,
+    **block_options,
 ):
     """Round `x` to the nearest values of `fmt` under `rounding`; same array type and device back.
 
@@ -64,7 +65,20 @@ def quantize(
 
     The result dtype is the input's when it holds every value of `fmt`
     (float32 in, float32 out for FP8), else float32 or float64.
+
+    Block formats (``"mxfp8_e4m3"``, ``"nvfp4"``, a `fpsim.BlockFormat`) go to
+    `fpsim.blocks.quantize`, which also takes ``axis=`` and ``scale_rule=``.
     """
+    if not isinstance(fmt, Format):  # a name, or a block format (one level up: fpsim.blocks)
+        from . import blocks
+        fmt = blocks.format(fmt)
+        if isinstance(fmt, blocks.BlockFormat):
+            return blocks.quantize(x, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits,
+                                   flush_subnormal_inputs=flush_subnormal_inputs,
+                                   flush_subnormal_outputs=flush_subnormal_outputs, **block_options)
+    if block_options:
+        raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
+                        f"block formats only)")
     fmt = get_format(fmt)
     check_rounding(rounding)
     if rand_bits is not None:
