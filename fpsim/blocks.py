@@ -213,7 +213,7 @@ class BlockFormat:
     scale_rule: a name in SCALE_RULES.
     tensor_scale: the Format of a per-tensor scale (NVFP4: "fp32"), or None.
       It is fl32(tensor amax / (max_elem * max_scale)), the amax taken over
-      the finite values; 1 when that is 0.
+      the finite values, saturating at FP32's max; 1 when that is 0.
     amax_floor: a lower bound applied to each block's amax before the
       "nearest" rule (DeepSeek-V3 clamps to 1e-4).
     """
@@ -416,8 +416,8 @@ def _axes(axis, ndim: int, fmt: BlockFormat) -> tuple[int, ...]:
         return tuple(range(ndim - dims, ndim))
     given = axis if isinstance(axis, (tuple, list)) else (axis,)
     if len(given) != dims:
-        raise ValueError(f"axis={axis!r}: {fmt.name} has blocks of shape {fmt.block_shape}, so axis needs "
-                         f"{dims} ax{'e' if dims == 1 else 'e'}s")
+        needs = "1 axis" if dims == 1 else f"{dims} axes"
+        raise ValueError(f"axis={axis!r}: {fmt.name} has blocks of shape {fmt.block_shape}, so axis needs {needs}")
     out = []
     for a in given:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
@@ -525,10 +525,14 @@ def _scales(blocks: _Blocks, fmt: BlockFormat):
     bad = ~np.isfinite(amax)
     clean = np.where(bad, 0.0, amax)
     tensor_scale = None
-    if fmt.tensor_scale is not None:
+    if fmt.tensor_scale is not None:  # the tensor amax is taken over the finite values
         tensor_amax = np.max(clean, initial=0.0)
+        if np.any(bad):
+            finite = np.abs(view[np.isfinite(view)])
+            tensor_amax = float(np.max(finite, initial=0.0))
         divisor = [float(fmt.element_max), float(fmt.scale.max)]
-        tensor_scale = float(round_quotient(np.array([tensor_amax]), divisor, fmt.tensor_scale)[0]) or 1.0
+        tensor_scale = float(round_quotient(np.array([tensor_amax]), divisor, fmt.tensor_scale,
+                                            saturate=True)[0]) or 1.0
     with np.errstate(all="ignore"):
         scale = fmt.rule.compute(clean, fmt, 1.0 if tensor_scale is None else tensor_scale)
     scale = np.where(bad, np.nan, scale)
