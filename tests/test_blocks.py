@@ -232,3 +232,165 @@ def test_bad_arguments_are_refused(call, message):
     x = np.ones((2, 40), dtype=np.float32)
     with pytest.raises((ValueError, TypeError), match=message):
         call(x)
+
+
+# ----------------------------------------------------- worked by hand
+def test_mxfp8_block_of_ones():
+    # floor(log2(1)) - emax(E4M3)=8: X = 2^-8 (E8M0 code 127 - 8 = 119); 1 / X = 256 = E4M3 0x78
+    enc = fpsim.encode(np.ones(32, dtype=np.float32), "mxfp8_e4m3")
+    assert enc.scales.tolist() == [119] and set(enc.codes.tolist()) == {0x78}
+    assert enc.tensor_scale is None
+
+
+def test_mxfp8_saturates_under_the_ocp_rule_and_not_under_round_up_rules():
+    # amax 500: X = 2^(8 - 8) = 1 and 500 > 448 clamps to 448; ceil: X = 2^(9 - 8) = 2, 500 / 2 = 250 -> 256
+    x = np.array([500.0, 1.0], dtype=np.float32)
+    assert fpsim.quantize(x, "mxfp8_e4m3").tolist() == [448.0, 1.0]
+    assert fpsim.quantize(x, "mxfp8_e4m3", scale_rule="ceil").tolist() == [512.0, 1.0]
+    # rceil: fl32(500 / 448) = 1.116.., ceil(log2) = 1: X = 2
+    assert fpsim.quantize(x, "mxfp8_e4m3", scale_rule="rceil").tolist() == [512.0, 1.0]
+
+
+def test_mxint8_saturates_symmetrically_and_decodes_minus_two():
+    # X = 2^(floor(log2(1.999)) - 0) = 1; 1.999 * 64 = 127.9 -> 128 -> clamped to 127
+    x = np.array([1.999, -1.999, 2**-7 * 3, 2**-7 * 5], dtype=np.float32)
+    got = fpsim.quantize(x, "mxint8")
+    assert got.tolist() == [127 / 64, -127 / 64, 2 / 64, 2 / 64]  # ties to even k: 1.5 -> 2, 2.5 -> 2
+    enc = fpsim.encode(x, "mxint8")
+    assert enc.codes.tolist() == [127, 0x81, 2, 2]
+    # a block whose amax is 2: X = 2^1, -2 / X = -1 exactly
+    assert fpsim.quantize(np.array([-2.0, 1.0], dtype=np.float32), "mxint8").tolist() == [-2.0, 1.0]
+    enc = BlockEncoding(np.array([0x80, 0xFF, 0], dtype=np.uint8), enc.scales, None, enc.format, (0,), "float32")
+    assert fpsim.decode(enc).tolist() == [-2.0, -1 / 64, 0.0]
+
+
+def test_nvfp4_two_level_scales():
+    # tensor scale s_t = fl32(16 / 2688); the block holding 16 gets 16 / 6 / s_t = 448 to E4M3's
+    # nearest; elements x / (448 * s_t), rounded to E2M1. s_t is 1/168 rounded up, so 6x/16 = 0.75 for
+    # x = 2 is not a tie: it lies just below and rounds to 0.5.
+    x = np.arange(1, 17, dtype=np.float32)
+    enc = fpsim.encode(x, "nvfp4")
+    s_t = np.float32(16) / np.float32(2688)
+    assert enc.tensor_scale == s_t and enc.tensor_scale.dtype == np.float32
+    assert fpsim.decode(enc.scales, "e4m3").tolist() == [448.0]
+    elements = fpsim.decode(enc.codes, "e2m1")
+    assert Fraction(float(s_t)) > Fraction(1, 168)
+    want = [exact.round_value(k / (448 * Fraction(float(s_t))), "e2m1") for k in range(1, 17)]
+    assert elements.tolist() == want and want[1] == 0.5
+    assert fpsim.decode(enc).tolist() == [float(Fraction(e) * 448 * Fraction(float(s_t))) for e in want]
+
+
+def test_all_zero_nan_and_inf_blocks():
+    x = np.zeros((4, 32), dtype=np.float32)
+    x[0, 3] = -0.0
+    x[1, 5], x[2, 0], x[3] = np.nan, -np.inf, 1.0
+    enc = fpsim.encode(x, "mxfp8_e4m3")
+    # an all-zero block gets E8M0's smallest scale 2^-127 (code 0); NaN and Inf blocks a NaN scale
+    assert enc.scales.ravel().tolist() == [0, 0xFF, 0xFF, 119]
+    y = fpsim.quantize(x, "mxfp8_e4m3")
+    assert y[0].tolist() == [0.0] * 32 and math.copysign(1, y[0, 3]) == -1
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all() and (y[3] == 1).all()
+    assert_same(fpsim.decode(enc), y)
+    # a format without NaN elements (E2M1) keeps zero codes in NaN blocks; the scale says NaN
+    enc = fpsim.encode(x, "mxfp4")
+    assert enc.codes[1].tolist() == [0] * 32 and np.isnan(fpsim.decode(enc)[1]).all()
+
+
+def test_nvfp4_block_scale_underflow_gives_zero_blocks():
+    # amax_block / 6 / s_t below half of E4M3's smallest subnormal 2^-9: the scale rounds to 0
+    x = np.zeros(32, dtype=np.float32)
+    x[0], x[16:20] = 2688.0, [1e-3, -1e-3, 0.0, 2e-3]  # s_t = 1; 2e-3 / 6 < 2^-10
+    enc = fpsim.encode(x, "nvfp4")
+    assert enc.scales.tolist() == [0x7E, 0]  # 448, 0
+    y = fpsim.quantize(x, "nvfp4")
+    assert y[16:20].tolist() == [0.0, -0.0, 0.0, 0.0] and math.copysign(1, y[17]) == -1
+
+
+def test_partial_blocks_are_quantised_as_if_padded_with_zeros():
+    x = (np.random.default_rng(4).standard_normal(70) * 3).astype(np.float32)
+    got = fpsim.quantize(x, "mxfp6_e2m3")
+    padded = fpsim.quantize(np.concatenate([x, np.zeros(26, np.float32)]), "mxfp6_e2m3")[:70]
+    assert_same(got, padded)
+    assert_same(got[64:], fpsim.quantize(x[64:], "mxfp6_e2m3"))  # the last block alone
+    assert fpsim.encode(x, "mxfp6_e2m3").scales.shape == (3,)
+
+
+def test_scale_beyond_e8m0_is_nan_under_the_ocp_rule():
+    # float64 amax 2^200: floor(log2) - 8 = 192 > 127, E8M0's largest exponent
+    x = np.array([2.0**200, 1.0])
+    assert np.isnan(fpsim.quantize(x, "mxfp8_e4m3")).all()
+    # rceil saturates (cvt.rp.satfinite): X = 2^127, elements clamp to 448
+    assert fpsim.quantize(x, "mxfp8_e4m3", scale_rule="rceil").tolist() == [448 * 2.0**127, 0.0]
+
+
+# ------------------------------------------------------------ stochastic
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "mxint8"])
+def test_stochastic_rounding_picks_a_neighbour_with_the_right_frequency(name):
+    # the oracle with u = 0 (every inexact element rounds away from zero) and u -> 1 (none does)
+    # gives the two neighbours; the probability of the upper one is the distance from the lower
+    rng = np.random.default_rng(11)
+    block = fpsim.format(name).block_size
+    one = (rng.standard_normal(block) * 2).astype(np.float32)
+    x = np.tile(one, (4000, 1))
+    y = fpsim.quantize(x, name, "stochastic", seed=5)
+    p = spec(name)
+    t = exact_blocks.tensor_scale(max(abs(Fraction(float(v))) for v in one)) if p["tensor"] else 1
+
+    def neighbour(u):
+        return exact_blocks.quantize_block(one, p["element"], p["scale"], p["rule"], "stochastic", tensor=t,
+                                           random_fractions=[u] * block)[2]
+
+    highs, lows = neighbour(Fraction(0)), neighbour(1 - Fraction(1, 2**60))
+    for j in range(block):
+        lo, hi = abs(lows[j]), abs(highs[j])
+        got = np.abs(y[:, j])
+        assert set(np.unique(got).tolist()) <= {lo, hi}, (j, np.unique(got), lo, hi)
+        if lo != hi:
+            prob = float((abs(Fraction(float(one[j]))) - Fraction(lo)) / (Fraction(hi) - Fraction(lo)))
+            freq = float(np.mean(got == hi))
+            assert abs(freq - prob) < 5 * math.sqrt(prob * (1 - prob) / len(got)) + 1e-9, (j, freq, prob)
+    assert_same(y, fpsim.quantize(x, name, "stochastic", seed=5))  # the seed decides
+
+
+# --------------------------------------------------- dtypes and torch
+@pytest.mark.parametrize("name, rule, dtype, want", [
+    ("mxfp8_e4m3", None, np.float32, np.float32), ("mxfp4", None, np.float16, np.float32),
+    ("mxfp8_e4m3", None, np.float64, np.float64), ("mxfp8_e4m3", "ceil", np.float32, np.float64),
+    ("mxint8", "rceil", np.float32, np.float32), ("mxfp8_e4m3", "rceil", np.float32, np.float64),
+    ("nvfp4", None, np.float32, np.float64),
+    ("fp8_block_1x128", None, np.float32, np.float64),
+])
+def test_result_dtype_holds_every_value(name, rule, dtype, want):
+    x = np.ones((2, 32), dtype=dtype)
+    got = fpsim.quantize(x, name, scale_rule=rule)
+    assert got.dtype == want and fpsim.encode(x, name, scale_rule=rule).dtype == np.dtype(want).name
+
+
+def test_round_up_rules_reach_2_to_128_from_float32():
+    # why ceil returns float64: float32's max rounds up to 2^128 (X = 2^(128 - 8), 255.99.. -> 256)
+    x = np.full(32, np.finfo(np.float32).max, dtype=np.float32)
+    assert fpsim.quantize(x, "mxfp8_e4m3", scale_rule="ceil")[0] == 2.0**128
+
+
+def test_torch_tensors_give_the_same_bits():
+    torch = pytest.importorskip("torch")
+    x = (np.random.default_rng(5).standard_normal((3, 48)) * 4).astype(np.float32)
+    for name in ("mxfp8_e5m2", "nvfp4", "mxint8"):
+        t = fpsim.quantize(torch.from_numpy(x), name)
+        assert isinstance(t, torch.Tensor) and t.device.type == "cpu"
+        assert_same(t.numpy(), fpsim.quantize(x, name))
+        enc = fpsim.encode(torch.from_numpy(x), name)
+        assert isinstance(enc.codes, torch.Tensor) and isinstance(enc.scales, torch.Tensor)
+        assert_same(fpsim.decode(enc).numpy(), fpsim.quantize(x, name))
+    bf16 = torch.from_numpy(x).to(torch.bfloat16)
+    assert_same(fpsim.quantize(bf16, "mxfp4").numpy(), fpsim.quantize(bf16.float().numpy(), "mxfp4"))
+    g = torch.Generator().manual_seed(3)
+    a = fpsim.quantize(torch.from_numpy(x), "mxfp4", "stochastic", generator=g)
+    b = fpsim.quantize(torch.from_numpy(x), "mxfp4", "stochastic", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_scale_rule_registry_names_sources():
+    for rule in SCALE_RULES.values():
+        assert rule.source and rule.summary
+    assert "OCP" in SCALE_RULES["floor"].source and "cuBLAS" in SCALE_RULES["rceil"].source
