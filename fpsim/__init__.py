@@ -10,7 +10,8 @@ The public API (see README.md and docs/):
 
 from . import testing  # assertion helpers; fpsim.strategies (hypothesis) is imported explicitly
 from .analyze.hooks import watch
-from .blocks import BLOCK_PRESETS, SCALE_RULES, BlockEncoding, BlockFormat, IntFormat, format
+from .block_codec import BlockEncoding
+from .blocks import BLOCK_PRESETS, SCALE_RULES, BlockFormat, IntFormat, format
 from .codec import decode, encode
 from .modes import ROUNDING_MODES
 from .formats import ALIASES, PRESETS, Format

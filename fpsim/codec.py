@@ -35,14 +35,14 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
 
     NaN becomes the format's canonical NaN; a format without NaN refuses it
     (ValueError), as it refuses negative values when it is unsigned.
-    A block format returns a `fpsim.blocks.BlockEncoding` (.codes, .scales,
-    .tensor_scale); it also takes ``axis=`` and ``scale_rule=``.
+    A block format returns a `fpsim.block_codec.BlockEncoding` (.codes,
+    .scales, .tensor_scale); it also takes ``axis=`` and ``scale_rule=``.
     """
     if not isinstance(fmt, Format):  # a name, or a block format (one level up: fpsim.blocks)
-        from . import blocks
+        from . import block_codec, blocks
         fmt = blocks.format(fmt)
         if isinstance(fmt, blocks.BlockFormat):
-            return blocks.encode(x, fmt, rounding, saturate, seed, **options)
+            return block_codec.encode(x, fmt, rounding, saturate, seed, **options)
     if not fmt.has_nan:
         _refuse_unencodable(x, fmt, bool(options.get("flush_subnormal_inputs", False)))
     fast = _encode_native(x, fmt, rounding, saturate, seed, options)
@@ -118,8 +118,8 @@ def decode(codes, fmt: "str | Format | None" = None):
     decode(encoding) takes what encode returned for a block format.
     """
     if fmt is None:
-        from . import blocks
-        return blocks.decode(codes)
+        from . import block_codec
+        return block_codec.decode(codes)
     fmt = get_format(fmt)
     ops, ints, scalar = _check_codes(codes, fmt)
     out_fmt = PRESETS["fp32"] if PRESETS["fp32"].contains(fmt) else PRESETS["fp64"]

@@ -67,13 +67,13 @@ def quantize(
     (float32 in, float32 out for FP8), else float32 or float64.
 
     Block formats (``"mxfp8_e4m3"``, ``"nvfp4"``, a `fpsim.BlockFormat`) go to
-    `fpsim.blocks.quantize`, which also takes ``axis=`` and ``scale_rule=``.
+    `fpsim.block_codec.quantize`, which also takes ``axis=`` and ``scale_rule=``.
     """
     if not isinstance(fmt, Format):  # a name, or a block format (one level up: fpsim.blocks)
-        from . import blocks
+        from . import block_codec, blocks
         fmt = blocks.format(fmt)
         if isinstance(fmt, blocks.BlockFormat):
-            return blocks.quantize(x, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits,
+            return block_codec.quantize(x, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits,
                                    flush_subnormal_inputs=flush_subnormal_inputs,
                                    flush_subnormal_outputs=flush_subnormal_outputs, **block_options)
     if block_options:

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 import fpsim
 import fpsim.strategies as fst
 from fpsim import exact, exact_blocks
-from fpsim.blocks import BLOCK_PRESETS, SCALE_RULES, BlockEncoding, BlockFormat
+from fpsim.block_codec import BlockEncoding
+from fpsim.blocks import BLOCK_PRESETS, SCALE_RULES, BlockFormat
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 SMALL_PRESETS = [name for name in BLOCK_PRESETS if name != "fp8_block_128x128"]

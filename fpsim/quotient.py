@@ -1,0 +1,83 @@
+"""Rounding a quotient x / d into a format from its exact value, fast.
+
+Block formats and scaling recipes divide by scales that are not always
+powers of two (an E4M3 block scale times an FP32 tensor scale, an FP32
+scale), and the element must be the rounding of the exact quotient, not of
+a floating-point approximation of it. `round_quotient` gets there with the
+compiled rounding engine and an exact correction where it matters.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .codec import encode as encode_values
+from .formats import PRESETS, Format
+from .rounding import quantize as quantize_values
+
+__all__ = ["round_quotient"]
+
+_FP32 = PRESETS["fp32"]
+
+
+def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, saturate: bool = False,
+                   codes: bool = False, seed=None, generator=None, rand_bits=None):
+    """x / (f1 * f2 * ...) rounded once, from its exact value, into `fmt`: values (or codes).
+
+    x: float32 or float64 array. factors: positive finite divisors (arrays
+    broadcasting against x, or numbers), each exactly a float32, whose
+    product has at most 28 significant bits: an FP32 tensor scale times an
+    E4M3 block scale, an FP32 scale, a power of two.
+
+    The quotient is first computed in floating point, dividing by one factor
+    after the other: every step is monotone and the later factors times a
+    value of fmt with one more mantissa bit (a "decision point": a value of
+    fmt or a midpoint) are exact, so the computed quotient never crosses a
+    decision point. Where it lands exactly on one and the exact quotient is
+    elsewhere, it is moved one ulp to the side of the exact quotient, which
+    is decided exactly (q * product has at most 28 + man_bits + 2 <= 53
+    bits). Stochastic rounding works on the float64 quotient: exact for
+    power-of-two divisors, within 2^-53 of the exact probability otherwise.
+    """
+    x = np.asarray(x)
+    factors = [np.asarray(f, dtype=np.float64) for f in factors]
+    product = functools.reduce(np.multiply, factors, np.float64(1.0))  # exact: <= 28 bits
+    finish = encode_values if codes else quantize_values
+    if rounding == "stochastic":
+        with np.errstate(under="ignore"):
+            w = x.astype(np.float64) / product
+        return finish(w, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits)
+    finer = Format(fmt.exp_bits, fmt.man_bits + 1, fmt.bias, fmt.signed, fmt.infinities,
+                   "none" if fmt.nan == "fn" else fmt.nan, fmt.subnormals, fmt.zero)
+    narrow = _FP32.contains(finer)
+    pow2 = all(not np.any(np.frexp(f)[0] != 0.5) for f in factors)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore", divide="ignore"):
+        if narrow and x.dtype == np.float32:
+            q = x
+            for f in factors:
+                q = q / f.astype(np.float32)
+        else:
+            q = x.astype(np.float64) / product
+            if narrow:
+                q = q.astype(np.float32)
+        if pow2 and x.dtype == np.float32:
+            # exact unless the quotient underflows (possible only for divisors above 2), where
+            # only 0 is near a decision point
+            check = np.flatnonzero(q == 0) if np.max(product) > 2 else None
+        else:
+            check = np.flatnonzero(quantize_values(q, finer, "toward_zero", saturate=True) == q)
+    if check is not None and check.size:
+        q = _nudge(q, check, np.broadcast_to(x, q.shape), np.broadcast_to(product, q.shape))
+    return finish(q, fmt, rounding, saturate)
+
+
+def _nudge(q, flat, x, product):
+    """Move q one ulp toward the exact x / product at the flat indices `flat` where they differ."""
+    q = np.ascontiguousarray(q).copy()
+    q_at = q.reshape(-1)[flat]
+    residual = x.reshape(-1)[flat].astype(np.float64) - q_at.astype(np.float64) * product.reshape(-1)[flat]
+    direction = np.where(residual > 0, np.inf, -np.inf).astype(q.dtype)
+    q.reshape(-1)[flat] = np.where(residual != 0, np.nextafter(q_at, direction), q_at)
+    return q
