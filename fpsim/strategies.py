@@ -744,7 +744,8 @@ def block_arrays(block_format, shape=None, *, dtype=np.float32, allow_nan: bool 
     sit on ties of its scale when its amax is in the top binade); the block
     amax edges max_elem * 2^B and 2^(B + emax_elem + 1) (the binade where the
     OCP rule saturates and a round-up rule moves) exactly or 1 ulp of
-    `dtype` away; zero; tiny values 2^(B - 40); NaN and ±Inf when allowed.
+    `dtype` away; zero; tiny values 2^(B - 40); NaN and ±Inf when allowed
+    (otherwise values beyond `dtype`'s range become its max).
 
     shape: default: 1 or 2 dimensions whose blocked axes hold 1 element, a
     block, a block and a bit, or two and a half blocks (partial blocks).
@@ -772,9 +773,12 @@ def block_arrays(block_format, shape=None, *, dtype=np.float32, allow_nan: bool 
         lead = st.lists(st.integers(1, 3), min_size=0, max_size=1 if dims == 1 else 0)
         shape = st.tuples(lead, st.tuples(*side)).map(lambda p: tuple(p[0]) + p[1])
 
+    biggest = float(np.finfo(dtype).max)
+
     def scaled(value, e):
         with np.errstate(over="ignore", under="ignore"):
-            return float(dtype(math.ldexp(value, e) if -1100 < e < 1100 else (0.0 if e < 0 else math.inf)))
+            v = float(dtype(math.ldexp(value, e) if -1100 < e < 1100 else (0.0 if e < 0 else math.inf)))
+        return v if allow_infinity or not math.isinf(v) else biggest
 
     @st.composite
     def build(draw):
@@ -783,7 +787,9 @@ def block_arrays(block_format, shape=None, *, dtype=np.float32, allow_nan: bool 
         edges = []
         for v in (elem_max, top_binade):
             x = dtype(scaled(v, B))
-            edges += [float(x), float(np.nextafter(x, dtype(0))), float(np.nextafter(x, dtype(np.inf)))]
+            with np.errstate(over="ignore"):
+                above = float(np.nextafter(x, dtype(np.inf)))
+            edges += [float(x), float(np.nextafter(x, dtype(0))), scaled(above, 0)]
         specials = [0.0, -0.0, scaled(1.0, B - 40)]
         if allow_nan:
             specials.append(math.nan)
