@@ -181,19 +181,21 @@ def _prepare(x, fmt, axis, scale_rule):
 
 
 def _scales(blocks: _Blocks, fmt: BlockFormat):
-    """(block scales as float64 with keepdims, tensor scale (float) or None, NaN-block mask)."""
+    """(block scales as float64 with keepdims, tensor scale (float) or None, NaN-block mask).
+
+    The amaxes keep the input's dtype (float32 or float64), which holds them exactly.
+    """
     view = blocks.view
     bits = np.uint32 if view.dtype == np.float32 else np.uint64
     magnitude = view.view(bits) & bits(np.iinfo(bits).max >> 1)  # |x| as bits: NaN > Inf > finite
-    amax = magnitude.max(axis=blocks.element_axes, keepdims=True).view(view.dtype).astype(np.float64)
+    amax = magnitude.max(axis=blocks.element_axes, keepdims=True).view(view.dtype)
     bad = ~np.isfinite(amax)
-    clean = np.where(bad, 0.0, amax)
+    clean = np.where(bad, view.dtype.type(0), amax)
     tensor_scale = None
     if fmt.tensor_scale is not None:  # the tensor amax is taken over the finite values
-        tensor_amax = np.max(clean, initial=0.0)
+        tensor_amax = np.max(clean, initial=0)
         if np.any(bad):
-            finite = np.abs(view[np.isfinite(view)])
-            tensor_amax = float(np.max(finite, initial=0.0))
+            tensor_amax = np.max(np.abs(view[np.isfinite(view)]), initial=0)
         divisor = [float(fmt.element_max), float(fmt.scale.max)]
         tensor_scale = float(round_quotient(np.array([tensor_amax]), divisor, fmt.tensor_scale,
                                             saturate=True)[0]) or 1.0
@@ -214,7 +216,7 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
     if tensor_scale is not None:
         factors.insert(0, tensor_scale)
     out = round_quotient(view, factors, element, rounding, saturate=True, codes=codes and fmt.kind == "float",
-                         **rng)
+                         powers_of_two=fmt.rule.power_of_two, **rng)
     if fmt.kind == "int":
         out = np.where(out == 0, 0.0, out)  # two's complement has no -0
         if codes:
@@ -280,9 +282,9 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     elements = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
-    values = elements.astype(dtype, copy=False) * scale.astype(dtype)
-    if tensor_scale is not None:
-        values = values * dtype.type(tensor_scale)
+    factor = scale if tensor_scale is None else scale * tensor_scale  # exact: at most 28 bits
+    values = elements.astype(dtype)
+    values *= factor.astype(dtype)
     return _to_device(blocks.unblock(values), device)
 
 
@@ -295,13 +297,20 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     rng = _random(rounding, seed, generator, rand_bits, device)
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     codes = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, True, rng)
-    scale_codes = encode_values(np.squeeze(scale, axis=blocks.element_axes), fmt.scale)
+    scale_codes = _scale_codes(np.squeeze(scale, axis=blocks.element_axes), fmt.scale)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
     ts = None
     if tensor_scale is not None:
         ts = np.float32(tensor_scale) if device is None else _arrays._torch.tensor(tensor_scale, device=device)
     return BlockEncoding(_to_device(blocks.unblock(codes), device), _to_device(scale_codes, device), ts, fmt,
                          blocks.axes, dtype.name)
+
+
+def _scale_codes(scale, scale_format):
+    """Codes of exact scale values (float64): FP32's are its bits, others go through float32 when it holds them."""
+    if scale_format == _FP32:
+        return scale.astype(np.float32).view(np.uint32)
+    return encode_values(scale.astype(np.float32) if _FP32.contains(scale_format) else scale, scale_format)
 
 
 def decode(encoding: BlockEncoding):

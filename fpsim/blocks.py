@@ -102,14 +102,14 @@ def _element(value):
 # ----------------------------------------------------------- scale rules
 @dataclasses.dataclass(frozen=True)
 class ScaleRule:
-    """How a block's amax becomes its scale. `compute(amax, fmt, tensor_scale)` takes float64 amaxes
-    (finite, >= 0) and returns float64 scale values of fmt.scale (NaN where out of its range)."""
+    """How a block's amax becomes its scale. `compute(amax, fmt, tensor_scale)` takes amaxes (finite,
+    >= 0, float32 or float64) and returns float64 scale values of fmt.scale (NaN where out of its range)."""
 
     name: str
     power_of_two: bool  # needs a scale format of powers of two (E8M0)
     summary: str
     source: str
-    compute: Callable = dataclasses.field(repr=False, compare=False)
+    compute: Callable = dataclasses.field(repr=False, compare=False)  # amaxes in the input's dtype
 
 
 def _log2_parts(amax):

@@ -23,7 +23,8 @@ _FP32 = PRESETS["fp32"]
 
 
 def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, saturate: bool = False,
-                   codes: bool = False, seed=None, generator=None, rand_bits=None):
+                   codes: bool = False, powers_of_two: bool | None = None, seed=None, generator=None,
+                   rand_bits=None):
     """x / (f1 * f2 * ...) rounded once, from its exact value, into `fmt`: values (or codes).
 
     x: float32 or float64 array. factors: positive finite divisors (arrays
@@ -40,11 +41,21 @@ def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, s
     is decided exactly (q * product has at most 28 + man_bits + 2 <= 53
     bits). Stochastic rounding works on the float64 quotient: exact for
     power-of-two divisors, within 2^-53 of the exact probability otherwise.
+    powers_of_two: whether every factor is a power of two (None: look); then
+    x is multiplied by the exact reciprocal, and only an underflow to 0 can
+    land on a decision point.
     """
     x = np.asarray(x)
     factors = [np.asarray(f, dtype=np.float64) for f in factors]
     product = functools.reduce(np.multiply, factors, np.float64(1.0))  # exact: <= 28 bits
     finish = encode_values if codes else quantize_values
+    if fmt == _FP32 and rounding == "nearest_even" and x.dtype == np.float32 and _is_float32(product):
+        # an IEEE division of float32 numbers is the correctly rounded quotient
+        with np.errstate(over="ignore", under="ignore"):
+            q = x / product.astype(np.float32)
+        if saturate:
+            q = np.clip(q, -float(_FP32.max), float(_FP32.max))
+        return q.view(np.uint32) if codes else q
     if rounding == "stochastic":
         with np.errstate(under="ignore"):
             w = x.astype(np.float64) / product
@@ -52,9 +63,11 @@ def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, s
     finer = Format(fmt.exp_bits, fmt.man_bits + 1, fmt.bias, fmt.signed, fmt.infinities,
                    "none" if fmt.nan == "fn" else fmt.nan, fmt.subnormals, fmt.zero)
     narrow = _FP32.contains(finer)
-    pow2 = all(not np.any(np.frexp(f)[0] != 0.5) for f in factors)
+    pow2 = powers_of_two if powers_of_two is not None else all(not np.any(np.frexp(f)[0] != 0.5) for f in factors)
     with np.errstate(under="ignore", over="ignore", invalid="ignore", divide="ignore"):
-        if narrow and x.dtype == np.float32:
+        if narrow and x.dtype == np.float32 and pow2:
+            q = x * (1.0 / product).astype(np.float32)  # 2^-k: exact in float32 for E8M0's range
+        elif narrow and x.dtype == np.float32:
             q = x
             for f in factors:
                 q = q / f.astype(np.float32)
@@ -71,6 +84,10 @@ def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, s
     if check is not None and check.size:
         q = _nudge(q, check, np.broadcast_to(x, q.shape), np.broadcast_to(product, q.shape))
     return finish(q, fmt, rounding, saturate)
+
+
+def _is_float32(values) -> bool:
+    return bool(np.all(values.astype(np.float32) == values))
 
 
 def _nudge(q, flat, x, product):
