@@ -42,7 +42,7 @@ from .formats import PRESETS
 from .modes import check_rounding
 from .quotient import round_quotient
 
-__all__ = ["BlockEncoding", "decode", "encode", "quantize"]
+__all__ = ["BlockEncoding", "decode", "encode", "host_array", "numpy_generator", "on_device", "quantize"]
 
 _FP32 = PRESETS["fp32"]
 
@@ -74,7 +74,8 @@ class _Blocks:
 def _axes(axis, ndim: int, fmt: BlockFormat) -> tuple[int, ...]:
     dims = len(fmt.block_shape)
     if ndim < dims:
-        raise ValueError(f"{fmt.name} has blocks over {dims} axes; the input has {ndim} "
+        over = "1 axis" if dims == 1 else f"{dims} axes"
+        raise ValueError(f"{fmt.name} has blocks over {over}; the input has {ndim} "
                          f"dimension{'s' if ndim != 1 else ''}")
     if axis is None:
         return tuple(range(ndim - dims, ndim))
@@ -111,8 +112,11 @@ def _cut(array: np.ndarray, fmt: BlockFormat, axis) -> _Blocks:
     return _Blocks(array.reshape(shape), tuple(element_axes), axes, original, padded)
 
 
-def _host(x):
-    """(float32 or float64 numpy array, torch device or None) for any accepted input."""
+def host_array(x):
+    """(float32 or float64 numpy array holding x's values exactly, torch device or None) for any accepted input.
+
+    Shared with fpsim.recipes: torch tensors are processed on the host and returned with `on_device`.
+    """
     device = None
     if _arrays.is_torch(x):
         device = x.device
@@ -121,16 +125,31 @@ def _host(x):
         x = (x.to(_arrays._torch.float64) if x.dtype == _arrays._torch.float64 or not x.is_floating_point()
              else x.float()).numpy()
     array, _ = _arrays.as_array(x)
-    if array.ndim == 0:
-        raise ValueError("block formats quantise arrays (blocks of elements), got a scalar")
     in_fmt = _arrays.input_format(array)
     if in_fmt is None:  # integers: exact in float64 up to 2^53
         big = np.abs(array.astype(object) if array.dtype == object else array.astype(np.float64)) > 2**53
         if np.any(big):
-            raise ValueError(f"integer {array[np.nonzero(big)][0]!r} exceeds 2^53; block formats take floats "
-                             f"or integers exact in float64")
+            raise ValueError(f"integer {array[np.nonzero(big)][0]!r} exceeds 2^53; block formats and recipes "
+                             f"take floats or integers exact in float64")
         return array.astype(np.float64), device
     return array.astype(np.float32 if _FP32.contains(in_fmt) else np.float64, copy=False), device
+
+
+def on_device(array, device):
+    """A host result back as the input was: numpy, or a torch tensor on `device`."""
+    if device is None:
+        return array
+    return _arrays._torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def numpy_generator(generator):
+    """A numpy Generator (or None) for a numpy or torch generator: a torch.Generator seeds a fresh one."""
+    if generator is None or isinstance(generator, np.random.Generator):
+        return generator
+    torch = _arrays._torch
+    if torch is None or not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator or torch.Generator, got {generator!r}")
+    return np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -176,7 +195,7 @@ def _prepare(x, fmt, axis, scale_rule):
         raise TypeError(f"{fmt.name} is not a block format")
     if scale_rule is not None:
         fmt = fmt.with_rule(scale_rule)
-    array, device = _host(x)
+    array, device = host_array(x)
     return fmt, _cut(array, fmt, axis), device
 
 
@@ -235,24 +254,15 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
     return out
 
 
-def _random(rounding, seed, generator, rand_bits, device):
+def _random(rounding, seed, generator, rand_bits):
     check_rounding(rounding)
     if rounding != "stochastic":
         if rand_bits is not None or seed is not None or generator is not None:
             raise ValueError("seed, generator and rand_bits apply to rounding='stochastic' only")
         return {}
-    if generator is not None and not isinstance(generator, np.random.Generator):
-        torch = _arrays._torch
-        if torch is None or not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a numpy.random.Generator or torch.Generator, got {generator!r}")
-        seed, generator = int(torch.randint(0, 2**62, (1,), generator=generator)), None
-    return dict(seed=seed, generator=generator, rand_bits=rand_bits)
-
-
-def _to_device(array, device):
-    if device is None:
-        return array
-    return _arrays._torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    if seed is not None and generator is not None:
+        raise ValueError("give either seed or generator, not both")
+    return dict(seed=seed, generator=numpy_generator(generator), rand_bits=rand_bits)
 
 
 def _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs):
@@ -278,14 +288,14 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     """
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
-    rng = _random(rounding, seed, generator, rand_bits, device)
+    rng = _random(rounding, seed, generator, rand_bits)
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     elements = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
     factor = scale if tensor_scale is None else scale * tensor_scale  # exact: at most 28 bits
     values = elements.astype(dtype)
     values *= factor.astype(dtype)
-    return _to_device(blocks.unblock(values), device)
+    return on_device(blocks.unblock(values), device)
 
 
 def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=None, *, generator=None,
@@ -294,7 +304,7 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     """x in block format `fmt` as codes: a BlockEncoding (.codes, .scales, .tensor_scale); options as quantize."""
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
-    rng = _random(rounding, seed, generator, rand_bits, device)
+    rng = _random(rounding, seed, generator, rand_bits)
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     codes = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, True, rng)
     scale_codes = _scale_codes(np.squeeze(scale, axis=blocks.element_axes), fmt.scale)
@@ -302,7 +312,7 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     ts = None
     if tensor_scale is not None:
         ts = np.float32(tensor_scale) if device is None else _arrays._torch.tensor(tensor_scale, device=device)
-    return BlockEncoding(_to_device(blocks.unblock(codes), device), _to_device(scale_codes, device), ts, fmt,
+    return BlockEncoding(on_device(blocks.unblock(codes), device), on_device(scale_codes, device), ts, fmt,
                          blocks.axes, dtype.name)
 
 
@@ -336,4 +346,4 @@ def decode(encoding: BlockEncoding):
     values = blocks.block(elements) * scale
     if fmt.tensor_scale is not None:
         values = values * float(encoding.tensor_scale)
-    return _to_device(blocks.unblock(values.astype(encoding.dtype)), device)
+    return on_device(blocks.unblock(values.astype(encoding.dtype)), device)
