@@ -395,3 +395,15 @@ def test_scale_rule_registry_names_sources():
     for rule in SCALE_RULES.values():
         assert rule.source and rule.summary
     assert "OCP" in SCALE_RULES["floor"].source and "cuBLAS" in SCALE_RULES["rceil"].source
+
+
+# ------------------------------------------------------------------- docs
+def test_docs_examples_run_as_shown():
+    import doctest
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for page in (root / "docs" / "blocks.md", root / "README.md"):
+        result = doctest.testfile(str(page), module_relative=False,
+                                  optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted > 0, (page.name, result)
