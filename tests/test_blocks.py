@@ -30,7 +30,7 @@ DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "o
 SMALL_PRESETS = [name for name in BLOCK_PRESETS if name != "fp8_block_128x128"]
 MX_PRESETS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "mxint8"]
 POW2_RULES = ("floor", "ceil", "even", "rceil")
-FAST = settings(max_examples=40, deadline=None, report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow,
+FAST = settings(max_examples=30, deadline=None, report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.data_too_large])
 
 
@@ -130,7 +130,7 @@ def assert_codes(enc, fmt, scales, elements, t):
 
 @pytest.mark.parametrize("name", MX_PRESETS)
 @pytest.mark.parametrize("rule", POW2_RULES)
-@FAST
+@settings(FAST, max_examples=15)
 @given(data=st.data())
 def test_scale_rules_match_the_oracle(name, rule, data):
     x = data.draw(fst.block_arrays(name), label="x")

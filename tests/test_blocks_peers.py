@@ -52,7 +52,7 @@ TORCHAO_DTYPES = {"mxfp8_e4m3": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_
                   "mxfp6_e3m2": DTYPE_FP6_E3M2, "mxfp6_e2m3": DTYPE_FP6_E2M3, "mxfp4": torch.float4_e2m1fn_x2}
 MODES = {"floor": ScaleCalculationMode.FLOOR, "ceil": ScaleCalculationMode.CEIL,
          "even": ScaleCalculationMode.EVEN, "rceil": ScaleCalculationMode.RCEIL}
-SETTINGS = settings(max_examples=30, deadline=None, report_multiple_bugs=False,
+SETTINGS = settings(max_examples=20, deadline=None, report_multiple_bugs=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
