@@ -41,6 +41,7 @@ from .codec import decode as decode_codes, encode as encode_values
 from .formats import PRESETS
 from .modes import check_rounding
 from .quotient import round_quotient
+from .rounding import quantize as quantize_values
 
 __all__ = ["BlockEncoding", "decode", "encode", "host_array", "numpy_generator", "on_device", "quantize"]
 
@@ -241,10 +242,13 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
         if codes:
             k = np.rint(out.astype(np.float64) * 2.0 ** fmt.element.frac_bits).astype(np.int64)
             out = (k & ((1 << fmt.element.bits) - 1)).astype(np.uint8 if fmt.element.bits <= 8 else np.uint16)
-    if np.any(zero_blocks):
-        signed_zero = np.copysign(0.0, view) if fmt.kind == "float" else np.zeros(view.shape)
-        fill = encode_values(signed_zero.astype(np.float32), element) if codes else signed_zero
-        out = np.where(zero_blocks, fill if codes or fmt.kind == "int" else fill.astype(out.dtype), out)
+    if np.any(zero_blocks):  # elements ±0: the input's sign where the element format has -0
+        zeros = np.copysign(np.float32(0), view).astype(np.float32)
+        if fmt.kind == "int":
+            zeros = np.zeros(view.shape, dtype=np.float32) if not codes else np.zeros(view.shape, dtype=out.dtype)
+        else:
+            zeros = (encode_values if codes else quantize_values)(zeros, element)
+        out = np.where(zero_blocks, zeros.astype(out.dtype), out)
     if np.any(nan_blocks):
         if codes:
             fill = encode_values(np.float32(np.nan), element) if element.has_nan else 0

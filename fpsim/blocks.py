@@ -55,9 +55,9 @@ class IntFormat:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"IntFormat.{field} must be an int, got {value!r}")
-        if not 2 <= self.bits <= 16 or not 0 <= self.frac_bits <= self.bits + 20:
+        if not 2 <= self.bits <= 16 or not 0 <= self.frac_bits <= 64:
             raise ValueError(f"IntFormat(bits={self.bits}, frac_bits={self.frac_bits}): bits must be 2..16 "
-                             f"and frac_bits 0..bits+20")
+                             f"and frac_bits 0..64")
 
     @functools.cached_property
     def grid(self) -> Format:
