@@ -407,3 +407,20 @@ def test_docs_examples_run_as_shown():
         result = doctest.testfile(str(page), module_relative=False,
                                   optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0, (page.name, result)
+
+
+# ------------------------------------------------------------- strategy
+@settings(max_examples=60, deadline=None)
+@given(x=fst.block_arrays("mxfp8_e4m3", allow_nan=False, allow_infinity=False))
+def test_block_arrays_respect_their_options(x):
+    assert x.dtype == np.float32 and 1 <= x.ndim <= 2 and np.isfinite(x).all()
+
+
+def test_block_arrays_reach_partial_blocks_ties_and_amax_edges():
+    from hypothesis import find
+    fmt = fpsim.format("mxfp8_e4m3")
+    # a partial block, and a block whose top element sits on an E4M3 midpoint of its own scale
+    find(fst.block_arrays(fmt), lambda a: a.shape[-1] % 32 != 0 and a.shape[-1] > 32)
+    find(fst.block_arrays(fmt, exponents=st.just(0)), lambda a: 432.0 in np.abs(a))   # between 416 and 448
+    find(fst.block_arrays(fmt, exponents=st.just(0)), lambda a: float(np.nextafter(np.float32(512), 0)) in a)
+    find(fst.block_arrays(fmt), lambda a: np.isnan(a).any() and np.isinf(a).any())

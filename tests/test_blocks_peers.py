@@ -3,8 +3,8 @@
 Sources of expected values: torchao 0.18 (torchao.prototype.mx_formats:
 to_mx/to_dtype for MX with ScaleCalculationMode FLOOR, CEIL, EVEN, RCEIL;
 nvfp4_quantize for NVFP4 with a per-tensor scale) and gfloat 0.5
-(quantize_block with compute_scale_amax, the OCP rule). Both are pinned in
-the test extra. Where a peer implements the same rule the results must be
+(quantize_block with compute_scale_amax, the OCP rule). Both are in the
+test extra (torchao pinned in constraints.txt). Where a peer implements the same rule the results must be
 bit-identical; where it does not, the tests show the difference and which
 side the spec (through the Fraction oracle fpsim.exact_blocks) is on:
 
@@ -23,7 +23,10 @@ side the spec (through the Fraction oracle fpsim.exact_blocks) is on:
   where NVIDIA's definition rounds the exact quotients once: they differ
   only where a quotient lies within a few FP32 ulps of an E4M3 or E2M1
   rounding boundary, which the tests check for every difference found;
-  for an all-zero tensor torchao's tensor scale is 0, fpsim's 1.
+  for an all-zero tensor torchao's tensor scale is 0, fpsim's 1;
+- gfloat's MXINT8 element is the full two's-complement range: it rounds to
+  -2 (code 0x80) where the spec's clamp to the largest magnitude, as in
+  microsoft/microxcaling and fpsim, stops at -127/64.
 """
 
 from __future__ import annotations
@@ -191,5 +194,23 @@ def test_mx_matches_gfloat_quantize_block(name, data):
     info = getattr(gfloat_formats, GFLOAT[name])
     want = gfloat.quantize_block(info, block.astype(np.float64), gfloat.compute_scale_amax)
     got = fpsim.quantize(block, name).astype(np.float64)
+    if name == "mxint8":  # gfloat rounds to -2 (0x80) where the spec's clamp stops at -127/64
+        amax = max(abs(Fraction(float(v))) for v in block)
+        scale = float(exact_blocks.block_scale(amax, "int8", "e8m0", "floor"))
+        minus_two = want == -2 * scale
+        assert (got[minus_two] == -127 / 64 * scale).all()
+        want = np.where(minus_two, got, want)
     same = (got == want) & (np.signbit(got) == np.signbit(want))
     assert same.all(), (block[~same], got[~same], want[~same])
+
+
+def test_gfloat_mxint8_reaches_minus_two():
+    # X = 2^floor(log2(1.9999999)) = 1; -1.9999999 * 64 = -127.99999 rounds to -128: gfloat keeps it
+    # (two's complement's -2), the spec's clamp to the largest magnitude (microxcaling) gives -127/64
+    block = np.zeros(32, dtype=np.float32)
+    block[0] = np.float32(-1.9999999)
+    want = gfloat.quantize_block(gfloat_formats.format_info_mxint8, block.astype(np.float64),
+                                 gfloat.compute_scale_amax)
+    assert want[0] == -2.0
+    assert fpsim.quantize(block, "mxint8")[0] == -127 / 64
+    assert exact_blocks.quantize_block(block, "int8", "e8m0", "floor")[2][0] == -127 / 64
