@@ -5,12 +5,16 @@ fpsim's exact rounding, on numpy arrays and torch tensors alike (torch is
 never imported here). The autocast op policy (which ops run in which
 precision, issue 13) will live here too.
 
-    recipe = DelayedScaling("e4m3", amax_history_len=16)
-    state = recipe.new_state()
-    y = recipe.quantize(x, state)          # uses the scale from earlier steps, then records amax(x)
-    CurrentScaling("e4m3").quantize(x)     # scale from x itself
-    PerChannelScaling("e4m3").quantize(w)  # one scale per row
-    BlockScaling().quantize(w, "weight")   # DeepSeek-V3's 128x128 blocks (fpsim.blocks)
+    recipe = DelayedScaling("e4m3", amax_history_len=16, gradient_format="e5m2")   # TE's HYBRID
+    state = recipe.new_state()               # one per tensor
+    y = recipe.quantize(x, state)            # uses the scale from earlier steps, then records amax(x)
+    CurrentScaling("e4m3").quantize(x)       # scale from x itself
+    PerChannelScaling("e4m3").quantize(w)    # one scale per row
+    BlockScaling().quantize(w, kind="weight")   # DeepSeek-V3's 128x128 blocks (fpsim.blocks)
+
+Every recipe's quantize(x, state=None, *, kind=, rounding=, seed=, generator=)
+takes the tensor's kind ("activation", "weight", "gradient"), so that the
+analyzer and emulate can treat them alike.
 
 Per-tensor and per-channel recipes follow TransformerEngine's convention:
 the scale multiplies, elements = fmt(x * scale) with saturation (TE's casts
@@ -33,11 +37,21 @@ from .formats import PRESETS, Format
 from .modes import check_rounding
 from .quotient import round_product, round_quotient
 
-__all__ = ["BlockScaling", "CurrentScaling", "DelayedScaling", "DelayedScalingState", "PerChannelScaling",
-           "RECIPES"]
+__all__ = ["KINDS", "RECIPES", "BlockScaling", "CurrentScaling", "DelayedScaling", "DelayedScalingState",
+           "PerChannelScaling", "scale_from_amax"]
 
 _FP32 = PRESETS["fp32"]
 _FP32_MAX = np.float32(_FP32.max)
+
+
+KINDS = ("activation", "weight", "gradient")
+"""What a quantised tensor is: every recipe's quantize takes kind= (gradients may use another format)."""
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown tensor kind {kind!r}; allowed: {', '.join(KINDS)}")
+    return kind
 
 
 def _fp8(fmt) -> Format:
@@ -100,6 +114,12 @@ def _apply(x, scale, fmt: Format, rounding, seed, generator):
     return block_codec.on_device(values, device)
 
 
+def _set_formats(recipe) -> None:
+    object.__setattr__(recipe, "format", _fp8(recipe.format))
+    gradient = recipe.format if recipe.gradient_format is None else _fp8(recipe.gradient_format)
+    object.__setattr__(recipe, "gradient_format", gradient)
+
+
 # ------------------------------------------------------------------ recipes
 @dataclasses.dataclass
 class DelayedScalingState:
@@ -120,19 +140,20 @@ class DelayedScaling:
     in the history (the last `amax_history_len` amaxes) and sets the next
     scale from the history's max ("max") or its newest entry
     ("most_recent"): (fmt.max / amax) / 2^margin in FP32, kept when the
-    amax is 0 or not finite. TE's HYBRID format is this recipe with "e4m3"
-    for activations and weights and "e5m2" for gradients.
+    amax is 0 or not finite. TE's HYBRID format is
+    DelayedScaling("e4m3", gradient_format="e5m2"); one state per tensor.
     """
 
     format: object = "e4m3"
     margin: int = 0
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    gradient_format: object = None
 
     name = "delayed"
 
     def __post_init__(self):
-        object.__setattr__(self, "format", _fp8(self.format))
+        _set_formats(self)
         if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
             raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
@@ -144,19 +165,24 @@ class DelayedScaling:
     def new_state(self) -> DelayedScalingState:
         return DelayedScalingState()
 
-    def record(self, state: DelayedScalingState, amax) -> np.float32:
+    def record(self, state: DelayedScalingState, amax, kind: str = "activation") -> np.float32:
         """Record one step's amax and return the scale for the next step (also stored in state)."""
         state.history = (state.history + [float(_amax32(amax))])[-self.amax_history_len:]
         chosen = max(state.history) if self.amax_compute_algo == "max" else state.history[-1]
-        state.scale = scale_from_amax(chosen, self.format, margin=self.margin, previous=state.scale)[()]
+        state.scale = scale_from_amax(chosen, self.format_for(kind), margin=self.margin,
+                                      previous=state.scale)[()]
         return state.scale
 
-    def quantize(self, x, state: DelayedScalingState, *, rounding="nearest_even", seed=None, generator=None):
+    def format_for(self, kind: str) -> Format:
+        return self.gradient_format if _check_kind(kind) == "gradient" else self.format
+
+    def quantize(self, x, state: DelayedScalingState = None, *, kind="activation", rounding="nearest_even",
+                 seed=None, generator=None):
         """Dequantised values of x under the state's current scale; then records amax(x)."""
         if not isinstance(state, DelayedScalingState):
             raise TypeError("DelayedScaling.quantize needs the recipe's state: state = recipe.new_state()")
-        values = _apply(x, state.scale, self.format, rounding, seed, generator)
-        self.record(state, _amax(block_codec.host_array(x)[0]))
+        values = _apply(x, state.scale, self.format_for(kind), rounding, seed, generator)
+        self.record(state, _amax(block_codec.host_array(x)[0]), kind)
         return values
 
 
@@ -173,18 +199,22 @@ class CurrentScaling:
     format: object = "e4m3"
     power_of_two: bool = False
     amax_epsilon: float = 0.0
+    gradient_format: object = None
 
     name = "current"
 
     def __post_init__(self):
-        object.__setattr__(self, "format", _fp8(self.format))
+        _set_formats(self)
 
-    def scale(self, x) -> np.float32:
-        return scale_from_amax(_amax(block_codec.host_array(x)[0]), self.format, power_of_two=self.power_of_two,
-                               epsilon=self.amax_epsilon)[()]
+    def format_for(self, kind: str) -> Format:
+        return self.gradient_format if _check_kind(kind) == "gradient" else self.format
 
-    def quantize(self, x, state=None, *, rounding="nearest_even", seed=None, generator=None):
-        return _apply(x, self.scale(x), self.format, rounding, seed, generator)
+    def scale(self, x, kind: str = "activation") -> np.float32:
+        return scale_from_amax(_amax(block_codec.host_array(x)[0]), self.format_for(kind),
+                               power_of_two=self.power_of_two, epsilon=self.amax_epsilon)[()]
+
+    def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
+        return _apply(x, self.scale(x, kind), self.format_for(kind), rounding, seed, generator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,21 +231,25 @@ class PerChannelScaling:
     format: object = "e4m3"
     axis: int = -1
     power_of_two: bool = False
+    gradient_format: object = None
 
     name = "per_channel"
 
     def __post_init__(self):
-        object.__setattr__(self, "format", _fp8(self.format))
+        _set_formats(self)
 
-    def scale(self, x) -> np.ndarray:
+    def format_for(self, kind: str) -> Format:
+        return self.gradient_format if _check_kind(kind) == "gradient" else self.format
+
+    def scale(self, x, kind: str = "activation") -> np.ndarray:
         """The scales, with `axis` kept as a length-1 axis (they broadcast against x)."""
         array = block_codec.host_array(x)[0]
         if array.ndim < 1 or not -array.ndim <= self.axis < array.ndim:
             raise ValueError(f"axis={self.axis} is out of range for an input of {array.ndim} dimensions")
-        return scale_from_amax(_amax(array, axis=self.axis), self.format, power_of_two=self.power_of_two)
+        return scale_from_amax(_amax(array, axis=self.axis), self.format_for(kind), power_of_two=self.power_of_two)
 
-    def quantize(self, x, state=None, *, rounding="nearest_even", seed=None, generator=None):
-        return _apply(x, self.scale(x), self.format, rounding, seed, generator)
+    def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
+        return _apply(x, self.scale(x, kind), self.format_for(kind), rounding, seed, generator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,13 +279,9 @@ class BlockScaling:
             object.__setattr__(self, field, fmt)
 
     def format_for(self, kind: str) -> BlockFormat:
-        kinds = {"activation": self.activations, "weight": self.weights, "gradient": self.gradients}
-        if kind not in kinds:
-            raise ValueError(f"unknown tensor kind {kind!r}; allowed: {', '.join(kinds)}")
-        return kinds[kind]
+        return {"activation": self.activations, "weight": self.weights, "gradient": self.gradients}[_check_kind(kind)]
 
-    def quantize(self, x, kind: str = "activation", state=None, *, rounding="nearest_even", seed=None,
-                 generator=None):
+    def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
         return block_codec.quantize(x, self.format_for(kind), rounding, seed=seed, generator=generator)
 
 

@@ -121,6 +121,18 @@ def test_delayed_scaling_most_recent_and_margin():
     assert float(state.scale) == te_scale(3.0, "e5m2", margin=1)
 
 
+def test_hybrid_formats_for_gradients():
+    # TE's HYBRID: E4M3 forward, E5M2 for gradients (scale 57344 / amax)
+    x = np.array([3.0, 1e-3], np.float32)
+    recipe = CurrentScaling("e4m3", gradient_format="e5m2")
+    assert float(recipe.scale(x, kind="gradient")) == te_scale(3.0, "e5m2")
+    assert_same(recipe.quantize(x, kind="gradient"), expected(x, te_scale(3.0, "e5m2"), "e5m2"))
+    delayed = DelayedScaling(gradient_format="e5m2")
+    state = delayed.new_state()
+    delayed.quantize(x, state, kind="gradient")
+    assert float(state.scale) == te_scale(3.0, "e5m2")
+
+
 def test_delayed_scaling_overflows_when_the_tensor_grows():
     # the scale from a step with amax 7 saturates a step with amax 14 at 448 / scale
     recipe = DelayedScaling("e4m3")
@@ -162,9 +174,9 @@ def test_per_channel_scaling_is_current_scaling_per_row():
 def test_block_scaling_uses_the_block_formats():
     x = (np.random.default_rng(1).standard_normal((130, 260)) * 0.1).astype(np.float32)
     recipe = BlockScaling()
-    assert_same(recipe.quantize(x, "weight"), fpsim.quantize(x, "fp8_block_128x128"))
+    assert_same(recipe.quantize(x, kind="weight"), fpsim.quantize(x, "fp8_block_128x128"))
     assert_same(recipe.quantize(x), fpsim.quantize(x, "fp8_block_1x128"))
-    assert_same(BlockScaling(weights="mxfp8_e4m3").quantize(x, "weight"), fpsim.quantize(x, "mxfp8_e4m3"))
+    assert_same(BlockScaling(weights="mxfp8_e4m3").quantize(x, kind="weight"), fpsim.quantize(x, "mxfp8_e4m3"))
 
 
 def test_stochastic_rounding_picks_a_neighbour():
@@ -205,7 +217,9 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="must be a block format"):
         BlockScaling(weights="e4m3")
     with pytest.raises(ValueError, match="unknown tensor kind 'bias'"):
-        BlockScaling().quantize(np.ones(4, np.float32), "bias")
+        BlockScaling().quantize(np.ones(4, np.float32), kind="bias")
+    with pytest.raises(ValueError, match="unknown tensor kind 'bias'"):
+        CurrentScaling().quantize(np.ones(4, np.float32), kind="bias")
     with pytest.raises(ValueError, match="axis=2 is out of range"):
         PerChannelScaling(axis=2).scale(np.ones((2, 2), np.float32))
     assert set(RECIPES) == {"delayed", "current", "per_channel", "block"}
