@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _arrays, _native
+from . import _arrays, _native, philox
 from .modes import check_rounding
 from .formats import PRESETS, Format, format as get_format
 from .rounding import _LAYOUT, decompose, quantize
@@ -80,30 +80,25 @@ def _refuse_unencodable(x, fmt: Format, flush_inputs: bool) -> None:
 
 
 def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
-    """Codes straight from the compiled kernel for float32/float16 numpy arrays, else None."""
-    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16):
+    """Codes straight from the compiled kernel for float16/32/64 and integer numpy arrays, else None."""
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu" or x.dtype.byteorder == ">":
         return None
     unknown = set(options) - {"flush_subnormal_inputs", "flush_subnormal_outputs", "generator", "rand_bits"}
     if unknown:
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    work = x.astype(np.float32, copy=False)
     check_rounding(rounding)
-    if not _native.covers(work, fmt, rounding):
-        return None
+    work = x.astype(np.float32) if x.dtype == np.float16 else x  # exactly
     rand_bits = options.get("rand_bits")
-    draws = None
-    if rounding == "stochastic":  # the same draws quantize() would take
-        if rand_bits is not None and not 1 <= rand_bits <= _native.FLOAT32_RAND_BITS:
-            return None
-        ops = _arrays.Ops(work)
-        rng = ops.generator(seed, options.get("generator"))
-        draws = ops.random_ints(work.shape, rand_bits or _native.FLOAT32_RAND_BITS, rng)
-    elif seed is not None or options.get("generator") is not None or rand_bits is not None:
+    stochastic = rounding == "stochastic"
+    if not stochastic and (seed is not None or options.get("generator") is not None or rand_bits is not None):
         return None  # quantize() refuses these with a clear error
+    if not _native.covers(work.dtype, fmt, rand_bits if stochastic else None):
+        return None
+    key = philox.key_from(seed, options.get("generator"), torch_input=False) if stochastic else None
     return _native.run(work, fmt, rounding=rounding, saturate=bool(saturate),
                        flush_inputs=bool(options.get("flush_subnormal_inputs", False)),
                        flush_outputs=bool(options.get("flush_subnormal_outputs", False)),
-                       codes=True, rand_bits=rand_bits, draws=draws)
+                       rand_bits=rand_bits, key=key, codes=True)
 
 
 def decode(codes, fmt: "str | Format"):
