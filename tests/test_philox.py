@@ -3,7 +3,7 @@
 Sources of truth: the published known-answer vectors of Philox4x32-10 (Random123's kat_vectors
 file, as quoted in D. E. Shaw Research's core123 tests, ut_philox.cpp), and a scalar Philox
 written here from Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC'11), on Python
-ints, itself held to those vectors. The stream's layout (word j of element i is word i mod 4 of
+ints (foundation_helpers.reference_philox), itself held to those vectors. The stream's layout (word j of element i is word i mod 4 of
 the block with counter (i div 4 mod 2^32, i div 2^34, j, 0)) is the documented one in philox.py.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from fpsim import _arrays, _native, philox
 
-from foundation_helpers import requires_torch, torch
+from foundation_helpers import reference_philox, reference_word, requires_torch, torch
 
 # (counter words, key words, output words), Random123 kat_vectors, philox4x32 with 10 rounds
 KNOWN_ANSWERS = [
@@ -25,25 +25,6 @@ KNOWN_ANSWERS = [
     ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ]
-
-
-def reference_philox(counter, key):
-    """Philox4x32-10 on Python ints, from the paper: ten rounds of two 32x32->64 multiplications
-    (constants 0xD2511F53, 0xCD9E8D57), the key bumped by 0x9E3779B9, 0xBB67AE85 between rounds."""
-    x0, x1, x2, x3 = counter
-    k0, k1 = key
-    for _ in range(10):
-        p0, p1 = 0xD2511F53 * x0, 0xCD9E8D57 * x2
-        x0, x1, x2, x3 = (p1 >> 32) ^ x1 ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ x3 ^ k1, p0 & 0xFFFFFFFF
-        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
-    return x0, x1, x2, x3
-
-
-def reference_word(key: int, index: int, depth: int) -> int:
-    """word(index, depth) of the stream, as philox.py documents it."""
-    block = index >> 2
-    out = reference_philox((block & 0xFFFFFFFF, block >> 32, depth, 0), (key & 0xFFFFFFFF, key >> 32))
-    return out[index & 3]
 
 
 @pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS)
