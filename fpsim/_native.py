@@ -49,9 +49,9 @@ def _fits(fmt: Format, width: int) -> bool:
 
 def route(dtype, fmt: Format, rand_bits=None) -> tuple[int, str] | None:
     """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply."""
-    if _fastround is None:
-        return None
     dtype = np.dtype(dtype)
+    if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
+        return None
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
         return 32, "working"
     if not _fits(fmt, 64):

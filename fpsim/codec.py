@@ -81,7 +81,7 @@ def _refuse_unencodable(x, fmt: Format, flush_inputs: bool) -> None:
 
 def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
     """Codes straight from the compiled kernel for float16/32/64 and integer numpy arrays, else None."""
-    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu" or x.dtype.byteorder == ">":
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu":
         return None
     unknown = set(options) - {"flush_subnormal_inputs", "flush_subnormal_outputs", "generator", "rand_bits"}
     if unknown:

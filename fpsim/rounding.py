@@ -98,9 +98,9 @@ def _quantize_native(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, 
     """The compiled kernel's values for numpy arrays and CPU tensors, or None where it does not apply."""
     if ops.torch and array.device.type != "cpu":
         return None
-    host = array.numpy() if ops.torch else np.asarray(array)
-    if in_fmt is not None:
-        host = _working_values(host, out_fmt, _arrays.Ops(host))
+    host = _working_values(array, out_fmt, ops) if in_fmt is not None else array
+    if ops.torch:
+        host = host.numpy()
     rand_bits = options["rand_bits"] if options["rounding"] == "stochastic" else None
     if not _native.covers(host.dtype, fmt, rand_bits):
         return None
