@@ -5,10 +5,13 @@
  * (tests/test_native.py). One algorithm, in four steps:
  *
  *   1. decompose  the sign and the magnitude's bits in the layout of a working
- *                 float: float32 (W = 32) for float32 input, float64 (W = 64)
- *                 for float64, for integers (exact up to 2^53; larger ones go
- *                 to the general path) and for float32 input of formats whose
- *                 normal range reaches below float32's;
+ *                 float: float32 (W = 32) for float32 input, and for float64
+ *                 input rounded to odd at float32's precision (deterministic
+ *                 modes into formats of at most 21 mantissa bits: the second
+ *                 rounding then gives the correctly rounded result); float64
+ *                 (W = 64) for the other float64 cases, for integers (exact up
+ *                 to 2^53; larger ones go to the general path) and for float32
+ *                 input of formats whose normal range reaches below float32's;
  *   2. grid       from the format's min normal up (the band) the format keeps
  *                 man_bits bits below the leading one, so rounding drops the
  *                 `drop` = P - man_bits low bits of the bit pattern, and a carry
@@ -45,8 +48,8 @@
 #define MODE_ENUM(MODE) MODE,
 enum { FOR_EACH_MODE(MODE_ENUM) MODE_COUNT };
 
-enum { IN_WORKING = 0, IN_F32, IN_I8, IN_I16, IN_I32, IN_I64, IN_U8, IN_U16, IN_U32, IN_U64, IN_COUNT };
-enum { OUT_VALUES = 0, OUT_F32, OUT_CODES }; /* values of the working float, float32 values (W = 64), codes */
+enum { IN_WORKING = 0, IN_F32, IN_F64, IN_I8, IN_I16, IN_I32, IN_I64, IN_U8, IN_U16, IN_U32, IN_U64, IN_COUNT };
+enum { OUT_F32 = 0, OUT_F64, OUT_CODES }; /* float32 values, float64 values, codes */
 enum { BELOW = 1, TIE = 2 };                 /* what a chunk needs after the band pass */
 #define CHUNK 2048
 
@@ -366,7 +369,7 @@ static int decompose_exact(const kernel_t *k, const void *src, Py_ssize_t i, uin
     return 0;
 }
 
-/* ------------------------------------------------ step 1 for integers and widened float32 */
+/* ------------------------------------------------ step 1 for inputs of another type than the working float */
 /* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path. */
 static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_t n, uint64_t *out,
                  uint64_t *general) {
@@ -396,13 +399,67 @@ static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_
     return any;
 }
 
+/* Working float32 bits of a chunk of float64 input, rounded to odd (truncated, the last bit set when
+   any dropped bit is): rounding that again to a format with at most 21 mantissa bits, whose values
+   all have an even last bit in float32, gives the correctly rounded result in every deterministic
+   mode (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using
+   rounding to odd", IEEE TC 2008). Beyond float32's range: float32's max, which overflows (or, toward
+   zero, saturates) exactly where the input does; below it, float32's subnormal grid, which the caller
+   keeps two bits finer than the format's (quantum_exp >= -147). */
+static void narrow_to_odd_plain(const uint64_t *restrict src, uint32_t *restrict out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint64_t u = src[i], a = u & ~(UINT64_C(1) << 63), field = a >> 52, mant = a & ((UINT64_C(1) << 52) - 1);
+        uint32_t bits;
+        if (field == 2047) bits = mant ? 0x7fc00000u : 0x7f800000u; /* NaN, Inf */
+        else if (field > 1150) bits = 0x7f7fffffu;                   /* finite beyond float32: its max */
+        else if (field >= 897)                                       /* rebias, 23 bits, the sticky bit */
+            bits = (uint32_t)((field - 896) << 23) | (uint32_t)(mant >> 29) | ((mant << 35) != 0);
+        else { /* float32 subnormal k * 2^-149 and the sticky bit */
+            const uint64_t sig = mant | ((uint64_t)(field != 0) << 52), shift = 926 - (field ? field : 1);
+            const uint64_t kept = shift < 64 ? sig >> shift : 0;
+            bits = (uint32_t)kept | (shift < 64 ? sig != kept << shift : sig != 0);
+        }
+        out[i] = bits | ((uint32_t)(u >> 32) & 0x80000000u);
+    }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+/* The same with the hardware: convert rounding toward zero (MXCSR, subnormals kept, exceptions masked),
+   then set the last bit where converting back differs; exactly the cases above. */
+__attribute__((target("avx2"))) static void narrow_to_odd_avx2(const uint64_t *restrict src, uint32_t *restrict out,
+                                                               Py_ssize_t n) {
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x7F80u); /* round toward zero, all exceptions masked, no flush to zero */
+    const __m256i even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d x = _mm256_loadu_pd((const double *)src + i);
+        const __m128 y = _mm256_cvtpd_ps(x);
+        const __m256d inexact = _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ);
+        const __m128i sticky = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(inexact), even_lanes));
+        _mm_storeu_si128((__m128i *)(out + i), _mm_or_si128(_mm_castps_si128(y), _mm_and_si128(sticky, _mm_set1_epi32(1))));
+    }
+    _mm_setcsr(saved);
+    narrow_to_odd_plain(src + i, out + i, n - i);
+}
+
+static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, Py_ssize_t n) {
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (avx2) narrow_to_odd_avx2(src, out, n);
+    else narrow_to_odd_plain(src, out, n);
+}
+#else
+#define narrow_to_odd narrow_to_odd_plain
+#endif
+
 static size_t input_size(int64_t input, int64_t width) {
-    static const size_t sizes[IN_COUNT] = {0, 4, 1, 2, 4, 8, 1, 2, 4, 8};
+    static const size_t sizes[IN_COUNT] = {0, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
     return input == IN_WORKING ? (size_t)width / 8 : sizes[input];
 }
 
 static size_t output_size(const kernel_t *k) {
-    return k->output == OUT_CODES ? (size_t)k->code_bytes : k->output == OUT_F32 ? 4 : (size_t)k->width / 8;
+    return k->output == OUT_CODES ? (size_t)k->code_bytes : k->output == OUT_F32 ? 4 : 8;
 }
 
 /* The last step: a chunk of results into the caller's type. */
@@ -411,6 +468,12 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
         const double *r = results;
         float *o = (float *)dst + start;
         for (Py_ssize_t i = 0; i < n; i++) o[i] = (float)r[i]; /* exact: the values are the format's */
+        return;
+    }
+    if (k->width == 32 && k->output == OUT_F64) {
+        const float *r = results;
+        double *o = (double *)dst + start;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = r[i];
         return;
     }
 #define NARROW(FROM, TO)                                                                                 \
@@ -446,8 +509,11 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
             /* 1. decompose: the working float's bits */                                                     \
             const word_t *w = (const word_t *)src + start;                                                    \
             int needs_general = 0;                                                                            \
-            if (k->input != IN_WORKING) {                                                                     \
-                needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                        \
+            if (k->input == IN_F64 && W_ == 32) {                                                              \
+                narrow_to_odd((const uint64_t *)src + start, (uint32_t *)work, m);                             \
+                w = work;                                                                                     \
+            } else if (k->input != IN_WORKING) {                                                              \
+                needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
                 w = work;                                                                                     \
             }                                                                                                \
             if (stochastic) {                                                                                 \
@@ -457,8 +523,9 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
             word_t *out = direct ? (word_t *)dst + start : results;                                           \
             /* 2 to 4: the band, then below it, then what only the general path decides */                  \
             word_t ties = 0;                                                                                  \
-            const Py_ssize_t n_below = band(k, w, u0, second, out, below, general, m, 0, &ties);               \
-            if (n_below) below_band(k, w, u0, second, out, below, general, m, n_below, &ties);                \
+            const Py_ssize_t n_below = band(k, w, u0, second, out, below, m, 0, &ties);                        \
+            if (n_below) below_band(k, w, u0, second, out, below, m, n_below, &ties);                         \
+            if (ties) ties_of_##W_(k, w, u0, second, below, general, m);                                      \
             if (needs_general || ties) {                                                                      \
                 for (Py_ssize_t i = 0; i < m; i++) {                                                          \
                     if (!general[i]) continue;                                                                \
@@ -487,8 +554,9 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
         const int P_ = k.width == 32 ? 23 : 52;
         const Py_ssize_t item = (Py_ssize_t)input_size(k.input, k.width);
         if ((k.width != 32 && k.width != 64) || k.mode < 0 || k.mode >= MODE_COUNT || k.band_mode < 0 ||
-            k.band_mode >= MODE_COUNT || k.input < 0 || k.input >= IN_COUNT || (k.width == 32 && k.input != IN_WORKING) ||
-            k.output < OUT_VALUES || k.output > OUT_CODES || (k.output == OUT_F32 && k.width != 64) ||
+            k.band_mode >= MODE_COUNT || k.input < 0 || k.input >= IN_COUNT ||
+            (k.width == 32 && k.input != IN_WORKING && !(k.input == IN_F64 && k.mode != STOCHASTIC)) ||
+            k.output < OUT_F32 || k.output > OUT_CODES ||
             (k.output == OUT_CODES && k.code_bytes != 1 && k.code_bytes != 2 && k.code_bytes != 4 &&
              !(k.code_bytes == 8 && k.width == 64)) ||
             k.drop < 1 || k.drop > P_ || k.rand_bits > (uint64_t)(k.width == 32 ? 32 : 52) || k.man_bits < 0 ||

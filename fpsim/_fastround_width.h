@@ -166,11 +166,11 @@ static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const
 
 /* The passes over a chunk. band: every element; returns how many are below min normal (marked in
    `below`). below: those n_below elements, in a vectorised loop over the chunk when they are many,
-   else one by one. Both set *ties when some element needs the general path (marked in `general`). */
+   else one by one. Both set *ties when some element of the chunk needs the general path (ties_of
+   then finds which: they are rare, 2^-32 per element). */
 #define PASS_ARGS                                                                                        \
     const kernel_t *k, const word_t *restrict src, const uint32_t *restrict u0, const uint32_t *restrict u1, \
-        word_t *restrict out, word_t *restrict below, word_t *restrict general, Py_ssize_t n, Py_ssize_t n_below, \
-        word_t *ties
+        word_t *restrict out, word_t *restrict below, Py_ssize_t n, Py_ssize_t n_below, word_t *ties
 typedef Py_ssize_t (*FN(pass_fn))(PASS_ARGS);
 
 static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, PASS_ARGS) {
@@ -182,12 +182,7 @@ static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, P
         out[i] = FN(band_one)(mode, codes, &f, src[i], u0[i], u1[i], &is_below, &tie);
         below[i] = is_below;
         count += is_below;
-#if W == 64
-        if (mode == STOCHASTIC && f.band_ties) {
-            general[i] |= tie;
-            any_tie |= tie;
-        }
-#endif
+        any_tie |= tie;
     }
     *ties |= any_tie;
     return (Py_ssize_t)count;
@@ -201,17 +196,13 @@ static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, 
             word_t tie;
             const word_t res = FN(below_one)(mode, codes, &f, src[i], u0[i], u1[i], &tie), take = below[i];
             out[i] = FN(sel)(take, res, out[i]);
-            if (mode == STOCHASTIC) {
-                general[i] |= (take & tie);
-                any_tie |= take & tie;
-            }
+            any_tie |= take & tie;
         }
     } else {
         for (Py_ssize_t i = 0; i < n; i++) {
             if (!below[i]) continue;
             word_t tie;
             out[i] = FN(below_one)(mode, codes, &f, src[i], u0[i], u1[i], &tie);
-            general[i] |= tie;
             any_tie |= tie;
         }
     }
@@ -219,19 +210,31 @@ static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, 
     return 0;
 }
 
+/* Marks in `general` the elements of a chunk whose stochastic decision is a tie. */
+static void FN(ties_of)(const kernel_t *k, const word_t *src, const uint32_t *u0, const uint32_t *u1,
+                        const word_t *below, word_t *general, Py_ssize_t n) {
+    const FN(facts_t) f = FN(facts)(k);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        word_t is_below, tie;
+        if (below[i]) FN(below_one)(STOCHASTIC, 0, &f, src[i], u0[i], u1[i], &tie);
+        else FN(band_one)(STOCHASTIC, 0, &f, src[i], u0[i], u1[i], &is_below, &tie);
+        general[i] |= tie;
+    }
+}
+
 /* One function per (mode, values or codes), from the mode list: the compiler specialises each. */
 #define DEFINE_PASSES(MODE)                                                                              \
     MULTIVERSION static Py_ssize_t FN(band_values_##MODE)(PASS_ARGS) {                                    \
-        return FN(band_pass)(MODE, 0, k, src, u0, u1, out, below, general, n, n_below, ties);                      \
+        return FN(band_pass)(MODE, 0, k, src, u0, u1, out, below, n, n_below, ties);                      \
     }                                                                                                    \
     MULTIVERSION static Py_ssize_t FN(band_codes_##MODE)(PASS_ARGS) {                                     \
-        return FN(band_pass)(MODE, 1, k, src, u0, u1, out, below, general, n, n_below, ties);                      \
+        return FN(band_pass)(MODE, 1, k, src, u0, u1, out, below, n, n_below, ties);                      \
     }                                                                                                    \
     MULTIVERSION static Py_ssize_t FN(below_values_##MODE)(PASS_ARGS) {                                   \
-        return FN(below_pass)(MODE, 0, k, src, u0, u1, out, below, general, n, n_below, ties);                     \
+        return FN(below_pass)(MODE, 0, k, src, u0, u1, out, below, n, n_below, ties);                     \
     }                                                                                                    \
     MULTIVERSION static Py_ssize_t FN(below_codes_##MODE)(PASS_ARGS) {                                    \
-        return FN(below_pass)(MODE, 1, k, src, u0, u1, out, below, general, n, n_below, ties);                     \
+        return FN(below_pass)(MODE, 1, k, src, u0, u1, out, below, n, n_below, ties);                     \
     }
 FOR_EACH_MODE(DEFINE_PASSES)
 #define PASS_ROW(MODE) {{FN(band_values_##MODE), FN(band_codes_##MODE)}, {FN(below_values_##MODE), FN(below_codes_##MODE)}},

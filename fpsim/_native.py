@@ -3,8 +3,9 @@
 The kernel rounds float32, float64 and integer numpy arrays (torch CPU tensors
 through their numpy view) in every mode, for formats inside the working
 float's range: float32 input works in float32 for formats whose normal range
-float32 holds, float64 input, integers and the remaining float32 cases in
-float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
+float32 holds, and so does float64 input where rounding it to odd at float32's
+precision first is exact (see route); the other float64 cases, integers and
+the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
 an unsigned format) as data computed here by the numpy engine, and draws its
 stochastic-rounding words from the same Philox stream as the engine
 (fpsim/philox.py). Tests compare the two bit for bit.
@@ -26,9 +27,9 @@ except ImportError:  # built without a compiler: the numpy engine does everythin
     _fastround = None
 
 # the kernel's input kinds and output kinds (the IN_* and OUT_* enums of _fastround.c)
-_INPUTS = {"working": 0, "float32": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5,
-           "uint8": 6, "uint16": 7, "uint32": 8, "uint64": 9}
-_OUT_VALUES, _OUT_F32, _OUT_CODES = 0, 1, 2
+_INPUTS = {"working": 0, "float32": 1, "float64": 2, "int8": 3, "int16": 4, "int32": 5, "int64": 6,
+           "uint8": 7, "uint16": 8, "uint32": 9, "uint64": 10}
+_OUTPUTS = {"float32": 0, "float64": 1, "codes": 2}
 _LAYOUT = {32: (23, 127, np.float32, np.uint32), 64: (52, 1023, np.float64, np.uint64)}  # P, bias, float, bits
 # Inputs whose result depends only on sign, mode and options, in pairs (+, -): the largest finite
 # value (it overflows whenever anything does), Inf, NaN, zero; then a negative (for unsigned formats).
@@ -47,13 +48,20 @@ def _fits(fmt: Format, width: int) -> bool:
     return fmt.man_bits <= P - 1 and fmt.emin >= 1 - bias and fmt.emax <= bias and quantum_exp >= 1 - bias - P
 
 
-def route(dtype, fmt: Format, rand_bits=None) -> tuple[int, str] | None:
-    """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply."""
+def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
+    """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply.
+
+    float64 input works in float32, rounded to odd first, where that is exact: deterministic modes
+    into formats of at most 21 mantissa bits whose finest spacing is 4 times float32's or more."""
     dtype = np.dtype(dtype)
     if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
         return None
+    stochastic = MODES[rounding].stochastic
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
         return 32, "working"
+    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    if dtype == np.float64 and not stochastic and _fits(fmt, 32) and fmt.man_bits <= 21 and quantum_exp >= -147:
+        return 32, "float64"
     if not _fits(fmt, 64):
         return None
     if dtype == np.float32:
@@ -65,8 +73,8 @@ def route(dtype, fmt: Format, rand_bits=None) -> tuple[int, str] | None:
     return None
 
 
-def covers(dtype, fmt: Format, rand_bits=None) -> bool:
-    return route(dtype, fmt, rand_bits) is not None
+def covers(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> bool:
+    return route(dtype, fmt, rounding, rand_bits) is not None
 
 
 class _ZeroWords:
@@ -130,7 +138,7 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
 
     values = dict(
         mode=mode, band_mode=band_mode, width=width, input=_INPUTS[input_kind],
-        output={"values": _OUT_VALUES, "float32": _OUT_F32, "codes": _OUT_CODES}[output], code_bytes=code_bytes,
+        output=_OUTPUTS[output], code_bytes=code_bytes,
         lo=bits(fmt.min_normal), hi=bits(fmt.max), drop=P - M,
         rebias=((bias_in - fmt.bias) << M) & ((1 << 64) - 1),
         code_sign_shift=fmt.bits - 1 if fmt.signed else 0, is_signed=int(fmt.signed),
@@ -148,16 +156,16 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
 def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, rand_bits=None, key=None,
         codes: bool = False, values_dtype=None) -> np.ndarray:
     """Round `array` with the kernel (route() must apply): codes when `codes`, else values of
-    `values_dtype` (the working float; float32 from the float64 path too). `key`: stochastic's Philox key."""
+    `values_dtype` (float32 or float64, default float64). `key`: stochastic's Philox key."""
     from .codec import code_dtype
 
-    width, input_kind = route(array.dtype, fmt, rand_bits if rounding == "stochastic" else None)
+    width, input_kind = route(array.dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None)
     src = np.ascontiguousarray(array)  # C order: the element index of the stream is the flat index
     if codes:
         out_dtype, output = code_dtype(fmt), "codes"
     else:
-        out_dtype = np.dtype(values_dtype or _LAYOUT[width][2])
-        output = "float32" if width == 64 and out_dtype == np.float32 else "values"
+        out_dtype = np.dtype(values_dtype or np.float64)
+        output = out_dtype.name
     params = kernel_params(fmt, rounding=rounding, saturate=saturate, flush_inputs=flush_inputs,
                            flush_outputs=flush_outputs, rand_bits=rand_bits, key=key, width=width,
                            input_kind=input_kind, output=output, code_bytes=out_dtype.itemsize)

@@ -92,7 +92,7 @@ def _encode_native(x, fmt: Format, rounding, saturate, seed, options):
     stochastic = rounding == "stochastic"
     if not stochastic and (seed is not None or options.get("generator") is not None or rand_bits is not None):
         return None  # quantize() refuses these with a clear error
-    if not _native.covers(work.dtype, fmt, rand_bits if stochastic else None):
+    if not _native.covers(work.dtype, fmt, rounding, rand_bits if stochastic else None):
         return None
     key = philox.key_from(seed, options.get("generator"), torch_input=False) if stochastic else None
     return _native.run(work, fmt, rounding=rounding, saturate=bool(saturate),

@@ -102,7 +102,7 @@ def _quantize_native(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, 
     if ops.torch:
         host = host.numpy()
     rand_bits = options["rand_bits"] if options["rounding"] == "stochastic" else None
-    if not _native.covers(host.dtype, fmt, rand_bits):
+    if not _native.covers(host.dtype, fmt, options["rounding"], rand_bits):
         return None
     values_dtype = host.dtype if in_fmt is not None else np.float64
     result = _native.run(host, fmt, rounding=options["rounding"], saturate=options["saturate"],
