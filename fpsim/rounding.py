@@ -10,8 +10,9 @@ by one. Overflow is judged on that result, as IEEE 754 does with an
 unbounded exponent.
 
 The same code runs on numpy arrays and torch tensors (see `_arrays.Ops`). A
-compiled kernel (`_native`) takes over float32 input on the CPU; it is tested
-to give identical bits (for stochastic rounding, with the same draws).
+compiled kernel (`_native`) takes over float32, float64 and integer input on
+the CPU; it is tested to give identical bits (for stochastic rounding, from
+the same Philox stream, `philox.py`).
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def quantize(
        stochastic``.
     saturate: clamp overflow (and Inf) to ±max instead of the format's own
        overflow value (Inf, else NaN, else max). NaN stays NaN.
-    seed, generator: randomness for ``stochastic`` (a numpy Generator for
-       numpy input, a torch.Generator for tensors); fresh entropy when neither
-       is given.
-    rand_bits: for ``stochastic``, how many random bits decide each rounding
-       (hardware uses a limited number); None means exact probabilities.
+    seed, generator: the key of ``stochastic``'s Philox stream (fpsim.philox):
+       the seed itself (0 <= seed < 2^64), or 64 bits drawn from a numpy
+       Generator (numpy input) or torch.Generator (tensors), which advances
+       it; a fresh key when neither is given. Element i's draw depends on the
+       key and i only: the same bits on numpy and torch, float32 and float64.
+    rand_bits: for ``stochastic``, r random bits decide each rounding: the
+       fraction is truncated to r bits (probability floor(f 2^r) / 2^r, biased
+       toward zero by less than 2^-r of the spacing); None: exact probability f.
     flush_subnormal_inputs: inputs below the format's min normal become ±0
        before rounding. flush_subnormal_outputs: results below min normal
        become ±0.
