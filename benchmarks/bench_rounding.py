@@ -129,7 +129,7 @@ def worst(entries, describe) -> str:
 
 
 class Env:
-    """What every section shares: arguments, data, peers, and the float32 timings (for float64's ratio)."""
+    """What every section shares: arguments, data and peers."""
 
     def __init__(self, args):
         self.args = args
@@ -141,17 +141,6 @@ class Env:
         self.ml_dtypes = optional("ml_dtypes")
         self.gfloat = optional("gfloat.formats")
         self.pychop = optional("pychop")
-        self.float32_times = {}  # (format, mode) -> (encode s, quantize s)
-
-    def float32_time(self, name, mode):
-        if (name, mode) not in self.float32_times:
-            fmt = fpsim.format(name)
-            data = data_for(fmt, self.x)
-            (t_enc, t_q), _ = best_times(lambda: fpsim.encode(data, fmt, mode, **kwargs_for(mode)),
-                                         lambda: fpsim.quantize(data, fmt, mode, **kwargs_for(mode)),
-                                         repeats=self.args.repeats)
-            self.float32_times[name, mode] = (t_enc, t_q)
-        return self.float32_times[name, mode]
 
 
 # ------------------------------------------------------------------ float32
@@ -180,7 +169,6 @@ def float32_section(env: Env) -> list[str]:
             times, results = best_times(*fns, repeats=args.repeats)
             t_enc, t_q = times[:2]
             q = results[1]
-            env.float32_times[name, mode] = (t_enc, t_q)
             t_ml = times[2] if ml_type is not None else None
             t_ml_rt = times[3] if ml_type is not None and mode == "nearest_even" else None
             t_torch = best_times(lambda: tensor.to(torch_type), repeats=args.repeats)[0][0] if tensor is not None else None
@@ -245,18 +233,18 @@ def extra_bytes_per_element(fn, n: int, output_bytes: int) -> float:
 
 def float64_section(env: Env) -> list[str]:
     args, ml_dtypes = env.args, env.ml_dtypes
-    x64 = env.x.astype(np.float64)
     print(f"float64: the same {args.n:,} values as float64; times in ms; ratio = peer / fpsim; "
-          f"per element = fpsim float64 / fpsim float32 (above 1: float64 is slower)\n")
+          f"per element = fpsim on float64 / fpsim on float32, timed in turn (above 1: float64 is slower)\n")
     header = (f"{'format':9} {'mode':13} {'encode':>8} {'quantize':>8} | {'peer':>9} {'ratio':>6} {'agree':>6} | "
               f"{'encode/f32':>10} {'quantize/f32':>12}")
     print(header)
     print("-" * len(header))
-    against_peer, per_element_encode, per_element_quantize = [], [], []
+    against_peer, per_element_encode, per_element_quantize, memory = [], [], [], []
     names = [n for n in FLOAT64_FORMATS if n in env.formats or n == "fp32"]
     for name in names:
         fmt = fpsim.format(name)
-        data = data_for(fmt, x64)
+        data32 = data_for(fmt, env.x)
+        data = data32.astype(np.float64)
         if name == "fp32":
             peer = lambda: data.astype(np.float32)  # noqa: E731  numpy's correctly rounded cast
         elif ml_dtypes is not None and fmt.ml_dtype is not None:
@@ -265,29 +253,25 @@ def float64_section(env: Env) -> list[str]:
             peer = None
         for mode in MODES:
             kwargs = kwargs_for(mode)
-            fns = [lambda: fpsim.encode(data, fmt, mode, **kwargs), lambda: fpsim.quantize(data, fmt, mode, **kwargs)]
+            fns = [lambda: fpsim.encode(data, fmt, mode, **kwargs), lambda: fpsim.quantize(data, fmt, mode, **kwargs),
+                   lambda: fpsim.encode(data32, fmt, mode, **kwargs),
+                   lambda: fpsim.quantize(data32, fmt, mode, **kwargs)]
             if peer is not None and mode == "nearest_even":
                 fns.append(peer)
             times, results = best_times(*fns, repeats=args.repeats)
-            t_enc, t_q = times[:2]
+            t_enc, t_q, t_enc32, t_q32 = times[:4]
             t_peer = peer_agree = None
-            if len(times) == 3:
-                t_peer = times[2]
-                peer_values = results[2].astype(np.float64)
-                peer_agree = agreement(results[1], peer_values)
+            if len(times) == 5:
+                t_peer = times[4]
+                peer_agree = agreement(results[1], results[4].astype(np.float64))
                 against_peer.append((t_peer / t_enc, name, mode))
-            t_enc32, t_q32 = env.float32_time(name, mode)
             per_element_encode.append((t_enc32 / t_enc, name, mode))
             per_element_quantize.append((t_q32 / t_q, name, mode))
             print(f"{name:9} {mode:13} {t_enc * 1e3:8.1f} {t_q * 1e3:8.1f} | {pair(t_peer, t_enc)} "
                   f"{pct(peer_agree):>6} | {t_enc / t_enc32:10.2f} {t_q / t_q32:12.2f}", flush=True)
-    memory = []
-    for name in names:
-        fmt = fpsim.format(name)
-        data = data_for(fmt, x64)
-        for mode in ("nearest_even", "stochastic"):
-            memory.append((-extra_bytes_per_element(lambda: fpsim.quantize(data, fmt, mode, **kwargs_for(mode)),
-                                                    args.n, data.nbytes), name, mode))
+            if mode in ("nearest_even", "stochastic"):
+                extra = extra_bytes_per_element(lambda: fpsim.quantize(data, fmt, mode, **kwargs), args.n, data.nbytes)
+                memory.append((-extra, name, mode))
     print()
     summary = [
         "float64, against the peer's cast of the same float64 array (codes), slowest: "

@@ -33,8 +33,9 @@
  * The array goes through in chunks of CHUNK elements that stay in cache: the
  * band pass (vectorised, every element), the below-band pass (vectorised, only
  * in chunks that hold such inputs), the general path (scalar, only for the
- * elements that need it: stochastic ties, integers beyond 2^53), then one
- * store into the caller's type. Steps 2 to 4 of the two passes are written
+ * elements that need it: stochastic ties, integers beyond 2^53, inputs below
+ * the working float's min normal where the format is still normal there, as
+ * float32 subnormals for E8M0), then one store into the caller's type. Steps 2 to 4 of the two passes are written
  * once, in _fastround_width.h, and included for each working width.
  */
 #define PY_SSIZE_T_CLEAN
@@ -62,13 +63,16 @@ enum { BELOW = 1, TIE = 2 };                 /* what a chunk needs after the ban
     X(int64_t, input, "q")           /* IN_* */                                                             \
     X(int64_t, output, "q")          /* OUT_* */                                                            \
     X(int64_t, code_bytes, "q")      /* bytes of a code (OUT_CODES) */                                      \
-    X(uint64_t, lo, "Q")             /* the band: magnitude bits of the format's min normal ... */         \
+    X(uint64_t, lo, "Q")             /* the band: magnitude bits of the format's min normal (or the working \
+                                        float's, whichever is larger) ... */                                \
     X(uint64_t, hi, "Q")             /* ... and of its max */                                               \
     X(int64_t, drop, "q")            /* bits dropped in the band: P - man_bits (>= 1) */                     \
     X(uint64_t, rebias, "Q")         /* code = (rounded bits >> drop) - rebias */                            \
     X(int64_t, code_sign_shift, "q") /* the code's sign bit is 1 << code_sign_shift */                      \
     X(int64_t, is_signed, "q")                                                                              \
-    X(int64_t, below_offset, "q")    /* below the band: bits dropped = below_offset - exponent field */     \
+    X(int64_t, below_general, "q")   /* below the band: the general path (the format's normal range goes  \
+                                        below the working float's); else the grid of spacing quantum: */  \
+    X(int64_t, below_offset, "q")    /* bits dropped = below_offset - exponent field */                     \
     X(double, quantum, "d")          /* 2^quantum_exp, the spacing below the band */                         \
     X(uint64_t, code_unit, "Q")      /* the code of one quantum (min normal's without subnormals) */        \
     X(uint64_t, min_count, "Q")      /* fewest quanta a result has: 1 without a zero, else 0 */              \
@@ -524,7 +528,12 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
             /* 2 to 4: the band, then below it, then what only the general path decides */                  \
             word_t ties = 0;                                                                                  \
             const Py_ssize_t n_below = band(k, w, u0, second, out, below, m, 0, &ties);                        \
-            if (n_below) below_band(k, w, u0, second, out, below, m, n_below, &ties);                         \
+            if (n_below && k->below_general) {                                                                \
+                for (Py_ssize_t i = 0; i < m; i++) general[i] |= below[i];                                    \
+                needs_general = 1;                                                                            \
+            } else if (n_below) {                                                                             \
+                below_band(k, w, u0, second, out, below, m, n_below, &ties);                                  \
+            }                                                                                                \
             if (ties) ties_of_##W_(k, w, u0, second, below, general, m);                                      \
             if (needs_general || ties) {                                                                      \
                 for (Py_ssize_t i = 0; i < m; i++) {                                                          \

@@ -41,11 +41,13 @@ def available() -> bool:
 
 
 def _fits(fmt: Format, width: int) -> bool:
-    """Whether the kernel rounds to `fmt` in this working float: its band starts at or above the
-    float's min normal, its max and its finest spacing are the float's numbers, one bit is dropped."""
+    """Whether the kernel rounds to `fmt` in this working float: one bit or more is dropped, the
+    format's max and its finest spacing are the float's numbers, and its band (from min normal up)
+    reaches the float's normal range."""
     P, bias, _, _ = _LAYOUT[width]
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    return fmt.man_bits <= P - 1 and fmt.emin >= 1 - bias and fmt.emax <= bias and quantum_exp >= 1 - bias - P
+    return (fmt.man_bits <= P - 1 and fmt.emax <= bias and quantum_exp >= 1 - bias - P
+            and fmt.max >= 2 ** (1 - bias))
 
 
 def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
@@ -139,10 +141,10 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
     values = dict(
         mode=mode, band_mode=band_mode, width=width, input=_INPUTS[input_kind],
         output=_OUTPUTS[output], code_bytes=code_bytes,
-        lo=bits(fmt.min_normal), hi=bits(fmt.max), drop=P - M,
+        lo=bits(max(fmt.min_normal, 2 ** (1 - bias_in))), hi=bits(fmt.max), drop=P - M,
         rebias=((bias_in - fmt.bias) << M) & ((1 << 64) - 1),
         code_sign_shift=fmt.bits - 1 if fmt.signed else 0, is_signed=int(fmt.signed),
-        below_offset=quantum_exp + bias_in + P, quantum=2.0 ** quantum_exp,
+        below_general=int(fmt.emin < 1 - bias_in), below_offset=quantum_exp + bias_in + P, quantum=2.0 ** quantum_exp,
         code_unit=1 if fmt.subnormals else fmt.min_exp_field << M, min_count=0 if fmt.zero else 1,
         zero_below=((1 << M) if flush_outputs and fmt.subnormals else 1) if fmt.zero else 0,
         flush_inputs=int(flush_inputs), key=key or 0, rand_bits=(rand_bits or 0) if rounding == "stochastic" else 0,

@@ -80,8 +80,9 @@ def test_kernel_covers_the_expected_presets():
     assert {"fp16", "bf16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0"} <= names
     for dtype in (np.float64, np.int8, np.uint64):
         assert {f.name for f in PRESETS.values() if _native.covers(dtype, f)} == names | {"fp32"}
-    assert _native.route(np.float32, PRESETS["e8m0"]) == (64, "float32")  # its normal range reaches below float32's
+    assert _native.route(np.float32, PRESETS["e8m0"]) == (32, "working")  # float32 subnormals: the general path
     assert _native.route(np.float32, PRESETS["bf16"], "stochastic", rand_bits=40) == (64, "float32")
+    assert _native.route(np.float32, Format(9, 3)) == (64, "float32")  # values beyond float32
     assert _native.route(np.float64, PRESETS["bf16"]) == (32, "float64")  # rounded to odd at float32's precision
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
     assert _native.route(np.float64, PRESETS["tf32"]) == (32, "float64")
