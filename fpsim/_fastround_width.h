@@ -18,6 +18,9 @@ static ALWAYS_INLINE word_t FN(sel)(word_t cond, word_t x, word_t y) { return ((
 
 static ALWAYS_INLINE word_t FN(min)(word_t x, word_t y) { return FN(sel)(x < y, x, y); }
 
+/* x < y for magnitudes (below 2^(W-1)): a signed compare, which AVX2 has (unsigned it has not). */
+static ALWAYS_INLINE word_t FN(less)(word_t x, word_t y) { return (sword_t)x < (sword_t)y; }
+
 static ALWAYS_INLINE fword_t FN(as_float)(word_t bits) {
     fword_t f;
     memcpy(&f, &bits, sizeof f);
@@ -104,8 +107,8 @@ static ALWAYS_INLINE FN(facts_t) FN(facts)(const kernel_t *k) {
    a carry into the exponent field renormalises; overflow, zeros, Inf, NaN and negative inputs of
    unsigned formats take the engine's outputs. *below: the input is below min normal (below_one
    gives its result); *tie: stochastic rounding needs U's further words (the general path). */
-static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const FN(facts_t) *f, word_t u, uint32_t u0,
-                                  uint32_t u1, word_t *below, word_t *tie) {
+static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const int draw, const FN(facts_t) *f,
+                                         word_t u, uint32_t u0, uint32_t u1, word_t *below, word_t *tie) {
     /* 1. decompose */
     const word_t a = u & ABS_MASK, s = u >> (W - 1);
     /* 2, 3. round the magnitude's bit pattern at `drop`. Stochastic: U < f written as a carry:
@@ -114,8 +117,8 @@ static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const 
     *tie = 0;
     if (mode == STOCHASTIC) {
 #if W == 64
-        const word_t not_u = f->rbits > 32 ? ~(((word_t)u0 << 32) | u1) : (word_t)(uint32_t)~u0;
-        if (f->band_ties) { /* f is longer than U's first word: equal leading bits need the next words */
+        const word_t not_u = draw == WIDE_DRAW ? ~(((word_t)u0 << 32) | u1) : (word_t)(uint32_t)~u0;
+        if (draw == TIED_DRAW) { /* f is longer than U's first word: equal leading bits need the next words */
             const word_t rest = a & f->low;
             *tie = ((rest >> f->band_scale) == u0) & (rest != (rest >> f->band_scale) << f->band_scale);
         }
@@ -128,12 +131,13 @@ static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const 
     const word_t kept = FN(round_at)(mode, a, f->drop, f->low, s, increment), rounded = kept << f->drop;
     /* 4. finish: assemble, then the edge inputs' outputs */
     word_t res = codes ? (kept - f->rebias) | (s << f->sign_shift) : rounded | (u & SIGN_BIT);
-    res = FN(sel)(rounded > f->hi, FN(sel)(s, f->over1, f->over0), res);
+    res = FN(sel)(FN(less)(f->hi, rounded), FN(sel)(s, f->over1, f->over0), res);
     res = FN(sel)(a == 0, FN(sel)(s, f->zero1, f->zero0), res);
-    res = FN(sel)(a >= INF_BITS, FN(sel)(a == INF_BITS, FN(sel)(s, f->inf1, f->inf0), FN(sel)(s, f->nan1, f->nan0)),
+    res = FN(sel)(!FN(less)(a, INF_BITS), FN(sel)(a == INF_BITS, FN(sel)(s, f->inf1, f->inf0), FN(sel)(s, f->nan1, f->nan0)),
                   res);
-    res = FN(sel)(s & f->unsigned_format & (a >= f->lo), f->negative, res);
-    *below = (a < f->lo) & (a != 0);
+    const word_t is_below = FN(less)(a, f->lo);
+    res = FN(sel)(s & f->unsigned_format & !is_below, f->negative, res);
+    *below = is_below & (a != 0);
     return res;
 }
 
@@ -155,12 +159,12 @@ static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const
     *tie = 0;
     if (mode == STOCHASTIC) increment = FN(sr_up)(sig & low, D, u0, u1, f->rbits, tie) << d;
     word_t count = FN(round_at)(mode, sig, d, low, s, increment);
-    count = FN(sel)(count < f->min_count, f->min_count, count); /* no zero: the smallest value */
+    count = FN(sel)(FN(less)(count, f->min_count), f->min_count, count); /* no zero: the smallest value */
     /* 4. finish (count < 2^P: the conversion to float through 2^P's bits is exact) */
     word_t res = codes ? (s << f->sign_shift) | FN(sel)(f->code_unit == 1, count, (0 - count) & f->code_unit)
                        : FN(as_bits)((FN(as_float)(MAGIC_BITS | count) - FN(as_float)(MAGIC_BITS)) * f->quantum)
                              | (u & SIGN_BIT);
-    res = FN(sel)((count < f->zero_below) | f->flush_inputs, FN(sel)(s, f->zero1, f->zero0), res);
+    res = FN(sel)(FN(less)(count, f->zero_below) | f->flush_inputs, FN(sel)(s, f->zero1, f->zero0), res);
     return FN(sel)(s & f->unsigned_format & !f->flush_inputs, f->negative, res);
 }
 
@@ -173,19 +177,28 @@ static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const
         word_t *restrict out, word_t *restrict below, Py_ssize_t n, Py_ssize_t n_below, word_t *ties
 typedef Py_ssize_t (*FN(pass_fn))(PASS_ARGS);
 
-static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, PASS_ARGS) {
-    const FN(facts_t) f = FN(facts)(k);
+static ALWAYS_INLINE Py_ssize_t FN(band_loop)(const int mode, const int codes, const int draw, const FN(facts_t) *f,
+                                              PASS_ARGS) {
     word_t count = 0, any_tie = 0;
-    (void)n_below;
+    (void)k, (void)n_below;
     for (Py_ssize_t i = 0; i < n; i++) {
         word_t is_below, tie;
-        out[i] = FN(band_one)(mode, codes, &f, src[i], u0[i], u1[i], &is_below, &tie);
+        out[i] = FN(band_one)(mode, codes, draw, f, src[i], u0[i], u1[i], &is_below, &tie);
         below[i] = is_below;
         count += is_below;
         any_tie |= tie;
     }
     *ties |= any_tie;
     return (Py_ssize_t)count;
+}
+
+static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, PASS_ARGS) {
+    const FN(facts_t) f = FN(facts)(k);
+    if (mode == STOCHASTIC && W == 64 && f.rbits > 32)
+        return FN(band_loop)(mode, codes, WIDE_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
+    if (mode == STOCHASTIC && W == 64 && f.band_ties)
+        return FN(band_loop)(mode, codes, TIED_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
+    return FN(band_loop)(mode, codes, FIRST_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
 }
 
 static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, PASS_ARGS) {
@@ -217,7 +230,7 @@ static void FN(ties_of)(const kernel_t *k, const word_t *src, const uint32_t *u0
     for (Py_ssize_t i = 0; i < n; i++) {
         word_t is_below, tie;
         if (below[i]) FN(below_one)(STOCHASTIC, 0, &f, src[i], u0[i], u1[i], &tie);
-        else FN(band_one)(STOCHASTIC, 0, &f, src[i], u0[i], u1[i], &is_below, &tie);
+        else FN(band_one)(STOCHASTIC, 0, f.rbits > 32 ? WIDE_DRAW : TIED_DRAW, &f, src[i], u0[i], u1[i], &is_below, &tie);
         general[i] |= tie;
     }
 }
