@@ -51,9 +51,9 @@ enum { FOR_EACH_MODE(MODE_ENUM) MODE_COUNT };
 
 enum { IN_WORKING = 0, IN_F32, IN_F64, IN_I8, IN_I16, IN_I32, IN_I64, IN_U8, IN_U16, IN_U32, IN_U64, IN_COUNT };
 enum { OUT_F32 = 0, OUT_F64, OUT_CODES }; /* float32 values, float64 values, codes */
-/* How the band reads U: its first word (no ties possible), its first word with ties possible (exact
-   rounding, dropped fraction longer than 32 bits), its first two words (rand_bits > 32). */
-enum { FIRST_DRAW, TIED_DRAW, WIDE_DRAW };
+/* How stochastic rounding reads U: exactly (its first word, then further words on a tie), or against
+   the fraction truncated to rand_bits <= 32 bits (its first word), or to more (its first two words). */
+enum { EXACT_DRAW, TRUNCATED_DRAW, WIDE_DRAW };
 #define CHUNK 2048
 
 /* The kernel's parameters, built by fpsim/_native.py (kernel_params) from this list, which the module

@@ -50,32 +50,33 @@ static ALWAYS_INLINE word_t FN(round_at)(int mode, word_t x, word_t d, word_t lo
 }
 
 /* Step 3, stochastic rounding's decision: whether U < f = rest / 2^D (0 <= rest < 2^D, D >= 1), U's
-   first words being u0, u1 (fpsim/philox.py). Exact when rbits is 0: *tie is then set when u0 equals
-   f's first 32 bits and f has more bits, which the general path compares with U's further words.
-   With rbits = r, f is truncated to r bits and U's top r bits decide (no tie). */
-static ALWAYS_INLINE word_t FN(sr_up)(word_t rest, word_t D, word_t u0, word_t u1, word_t rbits, word_t *tie) {
-    if (rbits == 0) {
+   first words being u0, u1 (fpsim/philox.py). EXACT_DRAW: *tie is set when u0 equals f's first 32
+   bits and f has more bits, which the general path compares with U's further words. Otherwise f is
+   truncated to rbits bits and U's top rbits bits decide (no tie). */
+static ALWAYS_INLINE word_t FN(sr_up)(const int draw, word_t rest, word_t D, word_t u0, word_t u1, word_t rbits,
+                                      word_t *tie) {
+    *tie = 0;
+    if (draw == EXACT_DRAW) {
         const word_t left = FN(sel)(D <= 32, 32 - D, 0), right = FN(sel)(D > 32, FN(min)(D - 32, W - 1), 0);
         const word_t digit = (rest << left) >> right; /* f's first 32 bits */
         *tie = (u0 == digit) & (rest != (rest >> right) << right);
-        return u0 < digit;
+        return W == 64 ? FN(less)(u0, digit) : u0 < digit; /* (below 2^32: signed is right for W = 64) */
     }
     const word_t truncated = FN(sel)(D <= rbits, rest << (rbits - D), rest >> FN(min)(D - rbits, W - 1));
 #if W == 64
-    const word_t draw = rbits <= 32 ? u0 >> (32 - rbits) : (u0 << (rbits - 32)) | (u1 >> (64 - rbits));
+    const word_t top = draw == WIDE_DRAW ? (u0 << (rbits - 32)) | (u1 >> (64 - rbits)) : u0 >> (32 - rbits);
+    return FN(less)(top, truncated); /* both below 2^52 */
 #else
-    const word_t draw = u0 >> (32 - rbits); /* (rand_bits > 32 takes the 64-bit path) */
-    (void)u1;
+    (void)u1; /* (rand_bits > 32 takes the 64-bit path) */
+    return (u0 >> (32 - rbits)) < truncated;
 #endif
-    *tie = 0;
-    return draw < truncated;
 }
 
 /* The kernel's parameters in this width, loaded once per pass. */
 typedef struct {
     word_t lo, hi, drop, low, rebias, sign_shift, unsigned_format, over0, over1, inf0, inf1, nan0, nan1, zero0, zero1,
         negative, code_unit, min_count, zero_below, flush_inputs, rbits;
-    word_t band_shift, band_scale, band_ties; /* stochastic in the band: see band_one */
+    word_t band_shift, band_scale; /* stochastic in the band: see band_one */
     word_t cap, ones; /* P + 2 and ~0 as data, not constants: compilers turn a constant shifted by a
                          variable count, or a count they can bound, into shifts that AVX2 lacks */
     sword_t offset;
@@ -97,7 +98,6 @@ static ALWAYS_INLINE FN(facts_t) FN(facts)(const kernel_t *k) {
        first word holds 32), or f truncated to rand_bits */
     const word_t window = f.rbits == 0 ? 32 : f.rbits, bits = FN(min)(f.drop, window);
     f.band_shift = (f.rbits > 32 ? 64 : 32) - bits, f.band_scale = f.drop - bits;
-    f.band_ties = f.rbits == 0 && f.drop > 32;
     f.cap = (word_t)k->width == W ? P + 2 : 0;
     f.ones = (word_t)0 - ((word_t)k->width == W);
     return f;
@@ -118,7 +118,7 @@ static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const 
     if (mode == STOCHASTIC) {
 #if W == 64
         const word_t not_u = draw == WIDE_DRAW ? ~(((word_t)u0 << 32) | u1) : (word_t)(uint32_t)~u0;
-        if (draw == TIED_DRAW) { /* f is longer than U's first word: equal leading bits need the next words */
+        if (draw == EXACT_DRAW) { /* where f is longer than U's first word, equal leading bits need more */
             const word_t rest = a & f->low;
             *tie = ((rest >> f->band_scale) == u0) & (rest != (rest >> f->band_scale) << f->band_scale);
         }
@@ -146,8 +146,8 @@ static ALWAYS_INLINE word_t FN(band_one)(const int mode, const int codes, const 
    grows as the input gets smaller; the count of quanta gives the value count * 2^quantum_exp or the
    code: the count itself with subnormals, else (counts 0 or 1) code_unit, min normal's code. *tie as in
    band_one. */
-static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const FN(facts_t) *f, word_t u, uint32_t u0,
-                                   uint32_t u1, word_t *tie) {
+static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const int draw, const FN(facts_t) *f,
+                                          word_t u, uint32_t u0, uint32_t u1, word_t *tie) {
     /* 1. decompose: |x| = sig * 2^(field - BIAS_IN - P) (field 0: the input's own subnormals) */
     const word_t a = u & ABS_MASK, s = u >> (W - 1), field = a >> P;
     const word_t sig = (a & MANT_MASK) | FN(sel)(field != 0, ONE << P, 0);
@@ -157,7 +157,7 @@ static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const
     /* 3. round: the count of quanta */
     word_t increment = 0;
     *tie = 0;
-    if (mode == STOCHASTIC) increment = FN(sr_up)(sig & low, D, u0, u1, f->rbits, tie) << d;
+    if (mode == STOCHASTIC) increment = FN(sr_up)(draw, sig & low, D, u0, u1, f->rbits, tie) << d;
     word_t count = FN(round_at)(mode, sig, d, low, s, increment);
     count = FN(sel)(FN(less)(count, f->min_count), f->min_count, count); /* no zero: the smallest value */
     /* 4. finish (count < 2^P: the conversion to float through 2^P's bits is exact) */
@@ -192,22 +192,14 @@ static ALWAYS_INLINE Py_ssize_t FN(band_loop)(const int mode, const int codes, c
     return (Py_ssize_t)count;
 }
 
-static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, PASS_ARGS) {
-    const FN(facts_t) f = FN(facts)(k);
-    if (mode == STOCHASTIC && W == 64 && f.rbits > 32)
-        return FN(band_loop)(mode, codes, WIDE_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
-    if (mode == STOCHASTIC && W == 64 && f.band_ties)
-        return FN(band_loop)(mode, codes, TIED_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
-    return FN(band_loop)(mode, codes, FIRST_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);
-}
-
-static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, PASS_ARGS) {
-    const FN(facts_t) f = FN(facts)(k);
+static ALWAYS_INLINE Py_ssize_t FN(below_loop)(const int mode, const int codes, const int draw, const FN(facts_t) *f,
+                                               PASS_ARGS) {
     word_t any_tie = 0;
+    (void)k;
     if (n_below * 16 > n) {
         for (Py_ssize_t i = 0; i < n; i++) {
             word_t tie;
-            const word_t res = FN(below_one)(mode, codes, &f, src[i], u0[i], u1[i], &tie), take = below[i];
+            const word_t res = FN(below_one)(mode, codes, draw, f, src[i], u0[i], u1[i], &tie), take = below[i];
             out[i] = FN(sel)(take, res, out[i]);
             any_tie |= take & tie;
         }
@@ -215,7 +207,7 @@ static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, 
         for (Py_ssize_t i = 0; i < n; i++) {
             if (!below[i]) continue;
             word_t tie;
-            out[i] = FN(below_one)(mode, codes, &f, src[i], u0[i], u1[i], &tie);
+            out[i] = FN(below_one)(mode, codes, draw, f, src[i], u0[i], u1[i], &tie);
             any_tie |= tie;
         }
     }
@@ -223,14 +215,33 @@ static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, 
     return 0;
 }
 
-/* Marks in `general` the elements of a chunk whose stochastic decision is a tie. */
+/* The way stochastic rounding reads U, from rand_bits (one loop each, so that each vectorises alone). */
+static ALWAYS_INLINE int FN(draw_of)(const int mode, const FN(facts_t) *f) {
+    if (mode != STOCHASTIC || f->rbits == 0) return EXACT_DRAW;
+    return W == 64 && f->rbits > 32 ? WIDE_DRAW : TRUNCATED_DRAW;
+}
+
+#define DISPATCH_DRAW(LOOP)                                                                              \
+    const FN(facts_t) f = FN(facts)(k);                                                                 \
+    switch (FN(draw_of)(mode, &f)) {                                                                     \
+    case WIDE_DRAW: return LOOP(mode, codes, WIDE_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);   \
+    case TRUNCATED_DRAW:                                                                                 \
+        return LOOP(mode, codes, TRUNCATED_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);         \
+    default: return LOOP(mode, codes, EXACT_DRAW, &f, k, src, u0, u1, out, below, n, n_below, ties);        \
+    }
+
+static ALWAYS_INLINE Py_ssize_t FN(band_pass)(const int mode, const int codes, PASS_ARGS) { DISPATCH_DRAW(FN(band_loop)) }
+
+static ALWAYS_INLINE Py_ssize_t FN(below_pass)(const int mode, const int codes, PASS_ARGS) { DISPATCH_DRAW(FN(below_loop)) }
+
+/* Marks in `general` the elements of a chunk whose stochastic decision is a tie (exact rounding only). */
 static void FN(ties_of)(const kernel_t *k, const word_t *src, const uint32_t *u0, const uint32_t *u1,
                         const word_t *below, word_t *general, Py_ssize_t n) {
     const FN(facts_t) f = FN(facts)(k);
     for (Py_ssize_t i = 0; i < n; i++) {
         word_t is_below, tie;
-        if (below[i]) FN(below_one)(STOCHASTIC, 0, &f, src[i], u0[i], u1[i], &tie);
-        else FN(band_one)(STOCHASTIC, 0, f.rbits > 32 ? WIDE_DRAW : TIED_DRAW, &f, src[i], u0[i], u1[i], &is_below, &tie);
+        if (below[i]) FN(below_one)(STOCHASTIC, 0, EXACT_DRAW, &f, src[i], u0[i], u1[i], &tie);
+        else FN(band_one)(STOCHASTIC, 0, EXACT_DRAW, &f, src[i], u0[i], u1[i], &is_below, &tie);
         general[i] |= tie;
     }
 }
@@ -262,3 +273,4 @@ static const FN(pass_fn) FN(passes)[][2][2] = {FOR_EACH_MODE(PASS_ROW)}; /* [mod
 #undef PASS_ARGS
 #undef DEFINE_PASSES
 #undef PASS_ROW
+#undef DISPATCH_DRAW
