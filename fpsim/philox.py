@@ -80,8 +80,8 @@ def key_from(seed, generator, torch_input: bool) -> int:
 
 
 def _key_from_generator(generator, torch_input: bool) -> int:
-    torch = _arrays._torch
     if torch_input:
+        torch = _arrays._torch
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator for a torch tensor must be a torch.Generator, got {generator!r}")
         words = torch.randint(0, 1 << 32, (2,), generator=generator, device=generator.device, dtype=torch.int64)
