@@ -13,6 +13,7 @@ setup(
         Extension(
             "fpsim._fastround",
             sources=["fpsim/_fastround.c"],
+            depends=["fpsim/_fastround_width.h"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
         )

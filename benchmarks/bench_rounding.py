@@ -3,26 +3,34 @@
 Run (peers are installed in the benchmark environment only):
 
     pip install -c constraints.txt -e . -r benchmarks/requirements.txt
-    python benchmarks/bench_rounding.py            # 10 million float32 elements
-    python benchmarks/bench_rounding.py --n 1000000 --formats e4m3,bf16
+    python benchmarks/bench_rounding.py            # 10 million elements
+    python benchmarks/bench_rounding.py --n 1000000 --formats e4m3,bf16 --sections float32
 
-Everything runs single-threaded on one float32 array of N(0, 1) * 4 values.
-Two kinds of output are timed, and each is compared with the peer that
-produces the same kind:
+Everything runs single-threaded on N(0, 1) * 4 values. Each section prints a
+table and ends with one summary line per target; the summaries are printed
+again together at the end.
 
-* codes: fpsim.encode (float32 -> bit patterns) against ml_dtypes
-  `x.astype(float8_e4m3fn)` and torch `.to(torch.float8_e4m3fn)`, which also
-  produce bit patterns. ml_dtypes' nearest-even cast is the reference time of
-  the target: every fpsim mode should be at least as fast.
-* values: fpsim.quantize (float32 -> rounded float32) against the round trip
-  ml_dtypes `x.astype(t).astype(float32)`, gfloat `round_ndarray` and pychop
-  `Chop`, which all return rounded values.
+* float32: one float32 array. Codes: fpsim.encode (float32 -> bit patterns)
+  against ml_dtypes `x.astype(float8_e4m3fn)` and torch `.to(torch.float8_e4m3fn)`,
+  which also produce bit patterns. ml_dtypes' nearest-even cast is the
+  reference time of the targets: every deterministic fpsim mode at least as
+  fast, stochastic rounding at least as fast for the 8-, 6- and 4-bit formats
+  and at least half as fast for BF16/FP16. Values: fpsim.quantize (float32 ->
+  rounded float32) against the round trip ml_dtypes `x.astype(t).astype(float32)`,
+  gfloat `round_ndarray` and pychop `Chop`, which all return rounded values.
+* float64: the same values as float64. fpsim.encode against ml_dtypes' cast of
+  the float64 array (which ml_dtypes >= 0.7 rounds once, as fpsim does; numpy's
+  own astype for fp32), and fpsim's float64 time per element against its own
+  float32 time (target: at most 1.5 times), for encode and quantize; then the
+  memory fpsim allocates beyond the output it returns (target: at most the
+  output's size).
 
 A ratio is peer time / fpsim time: above 1 means fpsim is faster. Each peer
 result is also compared with fpsim bit for bit ("agree"), NaN equal to NaN:
 the comparison of speed is only meaningful where the functions agree.
 pychop models IEEE-style formats only (its e4m3 has Inf and max 240), so it
-runs on fp16, bf16, tf32 and e5m2.
+runs on fp16, bf16, tf32 and e5m2. Times are the best of `--repeats` calls,
+fpsim's and its peer's taken in turn so that a busy machine slows both alike.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # single thread, before numpy/tor
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import tracemalloc  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -44,6 +53,8 @@ from fpsim import _native  # noqa: E402
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic")
 DETERMINISTIC = MODES[:-1]
 FORMATS = ("bf16", "fp16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0")
+SMALL_FORMATS = ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0")  # 8, 6 and 4 bits
+FLOAT64_FORMATS = ("bf16", "fp16", "tf32", "fp32", "e4m3", "e5m2", "e2m1")
 
 GFLOAT_FORMATS = {"bf16": "format_info_bfloat16", "fp16": "format_info_binary16", "e4m3": "format_info_ocp_e4m3",
                   "e5m2": "format_info_ocp_e5m2", "e3m2": "format_info_ocp_e3m2", "e2m3": "format_info_ocp_e2m3",
@@ -54,15 +65,18 @@ PYCHOP_FORMATS = {"fp16": (5, 10), "bf16": (8, 7), "tf32": (8, 10), "e5m2": (5, 
 PYCHOP_MODES = {"nearest_even": 1, "up": 2, "down": 3, "toward_zero": 4, "nearest_away": 8, "odd": 9}
 
 
-def best_time(fn, repeats: int) -> float:
-    """Best wall time of `repeats` calls (one warm-up call first) in seconds, and the last result."""
-    result = fn()
-    best = float("inf")
+# ------------------------------------------------------------------ tools
+def best_times(*fns, repeats: int):
+    """Best wall time in seconds of each function over `repeats` rounds that call them in turn
+    (one warm-up round first), and each one's last result."""
+    results = [fn() for fn in fns]
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best, results
 
 
 def agreement(a, b) -> float:
@@ -89,51 +103,87 @@ def version(name) -> str:
         return "missing"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=10_000_000, help="elements (default 10 million)")
-    parser.add_argument("--formats", default=",".join(FORMATS))
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls of fast functions")
-    args = parser.parse_args()
-    warnings.simplefilter("ignore")  # peers warn on overflow in their own arithmetic
+def kwargs_for(mode: str) -> dict:
+    return {"seed": 0} if mode == "stochastic" else {}
 
-    torch = optional("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    ml_dtypes, gfloat, pychop = optional("ml_dtypes"), optional("gfloat.formats"), optional("pychop")
-    versions = ", ".join(f"{peer} {version(peer)}" for peer in ("numpy", "ml_dtypes", "torch", "gfloat", "pychop"))
-    print(f"fpsim {fpsim.__version__} (compiled kernel: {_native.available()}), {versions}")
-    x = (np.random.default_rng(2024).standard_normal(args.n) * 4).astype(np.float32)
-    print(f"input: {args.n:,} float32 values, N(0,1)*4, single thread; times in ms; ratio = peer / fpsim\n")
 
+def data_for(fmt, x: np.ndarray) -> np.ndarray:
+    return np.abs(x) if not fmt.signed else x
+
+
+def pair(peer, ours, width=9) -> str:
+    if peer is None:
+        return f"{'-':>{width}} {'-':>6}"
+    return f"{peer * 1e3:{width}.1f} {peer / ours:6.2f}"
+
+
+def pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def worst(entries, describe) -> str:
+    """The entry with the smallest ratio, described; '-' when there is none."""
+    if not entries:
+        return "-"
+    ratio, *what = min(entries)
+    return describe(ratio, *what)
+
+
+class Env:
+    """What every section shares: arguments, data and peers."""
+
+    def __init__(self, args):
+        self.args = args
+        self.formats = [f for f in args.formats.split(",") if f]
+        self.x = (np.random.default_rng(2024).standard_normal(args.n) * 4).astype(np.float32)
+        self.torch = optional("torch")
+        if self.torch is not None:
+            self.torch.set_num_threads(1)
+        self.ml_dtypes = optional("ml_dtypes")
+        self.gfloat = optional("gfloat.formats")
+        self.pychop = optional("pychop")
+
+
+# ------------------------------------------------------------------ float32
+def float32_section(env: Env) -> list[str]:
+    args, torch, ml_dtypes, gfloat, pychop = env.args, env.torch, env.ml_dtypes, env.gfloat, env.pychop
+    print(f"float32: {args.n:,} float32 values, N(0,1)*4, single thread; times in ms; ratio = peer / fpsim\n")
     header = (f"{'format':9} {'mode':13} {'encode':>8} {'quantize':>8} | {'ml_dtypes':>9} {'ratio':>6} "
               f"{'torch':>7} {'ratio':>6} | {'ml rt':>7} {'ratio':>6} {'gfloat':>8} {'ratio':>6} {'agree':>6} "
               f"{'pychop':>8} {'ratio':>6} {'agree':>6}")
     print(header)
     print("-" * len(header))
-    worst_vs_ml = []
-    worst_vs_gfloat = []
-    for name in args.formats.split(","):
+    deterministic, stochastic_small, stochastic_16, against_gfloat = [], [], [], []
+    for name in env.formats:
         fmt = fpsim.format(name)
-        data = np.abs(x) if not fmt.signed else x
-        ml_type = fmt.ml_dtype if ml_dtypes is not None else None
-        torch_type = fmt.torch_dtype if torch is not None else None
-        t_ml = t_ml_rt = t_torch = None
-        if ml_type is not None and fmt.bits < 32:
-            t_ml, _ = best_time(lambda: data.astype(ml_type), args.repeats)
-            t_ml_rt, _ = best_time(lambda: data.astype(ml_type).astype(np.float32), args.repeats)
-        if torch_type is not None and fmt.bits < 32:
-            tensor = torch.from_numpy(data)
-            t_torch, _ = best_time(lambda: tensor.to(torch_type), args.repeats)
+        data = data_for(fmt, env.x)
+        ml_type = fmt.ml_dtype if ml_dtypes is not None and fmt.bits < 32 else None
+        torch_type = fmt.torch_dtype if torch is not None and fmt.bits < 32 else None
+        tensor = torch.from_numpy(data) if torch_type is not None else None
         for mode in MODES:
-            kwargs = {"seed": 0} if mode == "stochastic" else {}
-            t_enc, _ = best_time(lambda: fpsim.encode(data, fmt, mode, **kwargs), args.repeats)
-            t_q, q = best_time(lambda: fpsim.quantize(data, fmt, mode, **kwargs), args.repeats)
+            kwargs = kwargs_for(mode)
+            fns = [lambda: fpsim.encode(data, fmt, mode, **kwargs), lambda: fpsim.quantize(data, fmt, mode, **kwargs)]
+            if ml_type is not None:
+                fns.append(lambda: data.astype(ml_type))
+                if mode == "nearest_even":
+                    fns.append(lambda: data.astype(ml_type).astype(np.float32))
+            times, results = best_times(*fns, repeats=args.repeats)
+            t_enc, t_q = times[:2]
+            q = results[1]
+            t_ml = times[2] if ml_type is not None else None
+            t_ml_rt = times[3] if ml_type is not None and mode == "nearest_even" else None
+            t_torch = best_times(lambda: tensor.to(torch_type), repeats=args.repeats)[0][0] if tensor is not None else None
             cells = [f"{name:9} {mode:13} {t_enc * 1e3:8.1f} {t_q * 1e3:8.1f} |"]
-            cells.append(_pair(t_ml, t_enc) + " " + _pair(t_torch, t_enc, width=7) + " |")
-            cells.append(_pair(t_ml_rt if mode == "nearest_even" else None, t_q, width=7))
-            if mode in DETERMINISTIC and t_ml is not None:
-                worst_vs_ml.append((t_ml / t_enc, name, mode))
+            cells.append(pair(t_ml, t_enc) + " " + pair(t_torch, t_enc, width=7) + " |")
+            cells.append(pair(t_ml_rt, t_q, width=7))
+            if t_ml is not None:
+                ratio = t_ml / t_enc
+                if mode in DETERMINISTIC:
+                    deterministic.append((ratio, name, mode))
+                elif name in ("bf16", "fp16"):
+                    stochastic_16.append((ratio, name, mode))
+                elif name in SMALL_FORMATS:
+                    stochastic_small.append((ratio, name, mode))
             # gfloat: values, per mode it implements
             t_g = g_agree = None
             if gfloat is not None and name in GFLOAT_FORMATS and mode in GFLOAT_MODES:
@@ -142,35 +192,121 @@ def main() -> None:
                 # gfloat refuses sat=False for formats without Inf and NaN; saturating is
                 # their natural overflow (as in fpsim), so the functions are the same
                 sat = not (fmt.infinities or fmt.has_nan)
-                t_g, g = best_time(lambda: gfloat.round_ndarray(info, data, rnd, sat=sat), 1)
+                (t_g,), (g,) = best_times(lambda: gfloat.round_ndarray(info, data, rnd, sat=sat), repeats=1)
                 g_agree = agreement(q, g)
-                worst_vs_gfloat.append((t_g / t_q, name, mode))
-            cells.append(_pair(t_g, t_q, width=8) + f" {_pct(g_agree):>6}")
+                against_gfloat.append((t_g / t_q, name, mode))
+            cells.append(pair(t_g, t_q, width=8) + f" {pct(g_agree):>6}")
             t_p = p_agree = None
             if pychop is not None and name in PYCHOP_FORMATS and mode in PYCHOP_MODES:
                 chop = pychop.Chop(*PYCHOP_FORMATS[name], rmode=PYCHOP_MODES[mode], chunk_size=args.n)
-                t_p, p = best_time(lambda: chop(data), 1)
+                (t_p,), (p,) = best_times(lambda: chop(data), repeats=1)
                 p_agree = agreement(q, p)
-            cells.append(_pair(t_p, t_q, width=8) + f" {_pct(p_agree):>6}")
+            cells.append(pair(t_p, t_q, width=8) + f" {pct(p_agree):>6}")
             print(" ".join(cells), flush=True)
     print()
-    if worst_vs_ml:
-        ratio, name, mode = min(worst_vs_ml)
-        print(f"slowest deterministic mode against ml_dtypes' nearest-even cast (codes): {name} {mode}, "
-              f"ratio {ratio:.2f}")
-    if worst_vs_gfloat:
-        ratio, name, mode = min(worst_vs_gfloat)
-        print(f"smallest speed-up over gfloat (values): {name} {mode}, ratio {ratio:.0f}")
+    summary = [
+        "float32, deterministic modes against ml_dtypes' nearest-even cast (codes), slowest: "
+        + worst(deterministic, lambda r, n, m: f"{n} {m}, ratio {r:.2f} (target >= 1.0)"),
+        "float32, stochastic against ml_dtypes' nearest-even cast, 8-, 6- and 4-bit formats, slowest: "
+        + worst(stochastic_small, lambda r, n, m: f"{n}, ratio {r:.2f} (target >= 1.0)"),
+        "float32, stochastic against ml_dtypes' nearest-even cast, BF16/FP16, slowest: "
+        + worst(stochastic_16, lambda r, n, m: f"{n}, ratio {r:.2f} (target >= 0.5)"),
+        "float32, smallest speed-up over gfloat (values): "
+        + worst(against_gfloat, lambda r, n, m: f"{n} {m}, ratio {r:.0f}"),
+    ]
+    print("\n".join(summary) + "\n")
+    return summary
 
 
-def _pair(peer, ours, width=9) -> str:
-    if peer is None:
-        return f"{'-':>{width}} {'-':>6}"
-    return f"{peer * 1e3:{width}.1f} {peer / ours:6.2f}"
+# ------------------------------------------------------------------ float64
+def extra_bytes_per_element(fn, n: int, output_bytes: int) -> float:
+    """Peak memory allocated during fn() beyond the output it returns, per element (tracemalloc sees
+    numpy's allocations)."""
+    tracemalloc.start()
+    try:
+        result = fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del result
+    return (peak - output_bytes) / n
 
 
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def float64_section(env: Env) -> list[str]:
+    args, ml_dtypes = env.args, env.ml_dtypes
+    print(f"float64: the same {args.n:,} values as float64; times in ms; ratio = peer / fpsim; "
+          f"per element = fpsim on float64 / fpsim on float32, timed in turn (above 1: float64 is slower)\n")
+    header = (f"{'format':9} {'mode':13} {'encode':>8} {'quantize':>8} | {'peer':>9} {'ratio':>6} {'agree':>6} | "
+              f"{'encode/f32':>10} {'quantize/f32':>12}")
+    print(header)
+    print("-" * len(header))
+    against_peer, per_element_encode, per_element_quantize, memory = [], [], [], []
+    names = [n for n in FLOAT64_FORMATS if n in env.formats or n == "fp32"]
+    for name in names:
+        fmt = fpsim.format(name)
+        data32 = data_for(fmt, env.x)
+        data = data32.astype(np.float64)
+        if name == "fp32":
+            peer = lambda: data.astype(np.float32)  # noqa: E731  numpy's correctly rounded cast
+        elif ml_dtypes is not None and fmt.ml_dtype is not None:
+            peer = lambda: data.astype(fmt.ml_dtype)  # noqa: E731
+        else:
+            peer = None
+        for mode in MODES:
+            kwargs = kwargs_for(mode)
+            fns = [lambda: fpsim.encode(data, fmt, mode, **kwargs), lambda: fpsim.quantize(data, fmt, mode, **kwargs),
+                   lambda: fpsim.encode(data32, fmt, mode, **kwargs),
+                   lambda: fpsim.quantize(data32, fmt, mode, **kwargs)]
+            if peer is not None and mode == "nearest_even":
+                fns.append(peer)
+            times, results = best_times(*fns, repeats=args.repeats)
+            t_enc, t_q, t_enc32, t_q32 = times[:4]
+            t_peer = peer_agree = None
+            if len(times) == 5:
+                t_peer = times[4]
+                peer_agree = agreement(results[1], results[4].astype(np.float64))
+                against_peer.append((t_peer / t_enc, name, mode))
+            per_element_encode.append((t_enc32 / t_enc, name, mode))
+            per_element_quantize.append((t_q32 / t_q, name, mode))
+            print(f"{name:9} {mode:13} {t_enc * 1e3:8.1f} {t_q * 1e3:8.1f} | {pair(t_peer, t_enc)} "
+                  f"{pct(peer_agree):>6} | {t_enc / t_enc32:10.2f} {t_q / t_q32:12.2f}", flush=True)
+            if mode in ("nearest_even", "stochastic"):
+                extra = extra_bytes_per_element(lambda: fpsim.quantize(data, fmt, mode, **kwargs), args.n, data.nbytes)
+                memory.append((-extra, name, mode))
+    print()
+    summary = [
+        "float64, against the peer's cast of the same float64 array (codes), slowest: "
+        + worst(against_peer, lambda r, n, m: f"{n} {m}, ratio {r:.2f}"),
+        "float64, time per element against fpsim's float32 path, encode, slowest: "
+        + worst(per_element_encode, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times (target <= 1.5)"),
+        "float64, time per element against fpsim's float32 path, quantize, slowest: "
+        + worst(per_element_quantize, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times (target <= 1.5)"),
+        "float64, quantize's memory beyond its 8-byte output, most: "
+        + worst(memory, lambda r, n, m: f"{n} {m}, {-r:.2f} bytes per element (target <= 8)"),
+    ]
+    print("\n".join(summary) + "\n")
+    return summary
+
+
+SECTIONS = {"float32": float32_section, "float64": float64_section}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10_000_000, help="elements (default 10 million)")
+    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of fast functions")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")  # peers warn on overflow in their own arithmetic
+
+    env = Env(args)
+    versions = ", ".join(f"{peer} {version(peer)}" for peer in ("numpy", "ml_dtypes", "torch", "gfloat", "pychop"))
+    print(f"fpsim {fpsim.__version__} (compiled kernel: {_native.available()}), {versions}\n")
+    summaries = []
+    for name in args.sections.split(","):
+        summaries += SECTIONS[name](env)
+    print("summary\n" + "\n".join(summaries))
 
 
 if __name__ == "__main__" and "--blocks" not in sys.argv[1:]:

@@ -357,30 +357,3 @@ class Ops:
         if self.torch:
             return self._torch.bitwise_left_shift(self._torch.full_like(shifts, one), shifts)
         return np.left_shift(np.int64(one), shifts)
-
-    def random_ints(self, shape, bits: int, rng):
-        """Uniform integers in [0, 2^bits) from an explicit generator (numpy: uint32 up to 32 bits)."""
-        if self.torch:
-            torch = self._torch
-            return torch.randint(0, 1 << bits, shape, generator=rng, device=self.device, dtype=torch.int64)
-        return rng.integers(0, 1 << bits, size=shape, dtype=np.uint32 if bits <= 32 else np.int64)
-
-    def generator(self, seed, generator):
-        """An explicit random generator for this backend (fresh entropy when neither is given)."""
-        if self.torch:
-            if generator is not None:
-                if not isinstance(generator, self._torch.Generator):
-                    raise TypeError(f"generator for a torch tensor must be a torch.Generator, got {generator!r}")
-                return generator
-            g = self._torch.Generator(device=self.device)
-            if seed is None:
-                g.seed()
-            else:
-                g.manual_seed(int(seed))
-            return g
-        if generator is not None:
-            if not isinstance(generator, np.random.Generator):
-                raise TypeError(f"generator for numpy input must be a numpy.random.Generator, got {generator!r}")
-            return generator
-        return np.random.default_rng(seed)
-

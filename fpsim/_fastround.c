@@ -1,388 +1,629 @@
-/* Compiled fast path of fpsim's rounding engine: float32 input, every mode (stochastic
- * rounding takes its draws from the caller: the same draws the numpy engine would use).
+/* Compiled fast path of fpsim's rounding engine, and its random stream.
  *
- * The numerics live in fpsim/rounding.py; this kernel repeats only the core
- * step, for speed, and takes every edge case as data computed by that engine:
- *   pass 0 (vectorised): the common case alone, finite inputs from the
- *     format's min normal up (overflow included) and signed zeros; when it
- *     meets anything else (Inf, NaN, ...), pass 1 runs:
- *   pass 1 (vectorised): finite normal float32 inputs are rounded by adding an
- *     increment to their bit pattern and clearing the dropped bits (exact for
- *     any binade where the format is normal); a result above the format's max
- *     becomes the caller's overflow value; zeros, Inf, NaN and negative
- *     inputs of unsigned formats become the caller's values for them;
- *   pass 2 (only when pass 1 met inputs below the format's min normal):
- *     those are rounded onto the format's subnormal grid, or counted and left
- *     for the caller when the format has no subnormal grid.
- * The caller (fpsim/_native.py) finishes what is left with the numpy engine.
- * Tests compare the kernel with that engine bit for bit.
+ * fpsim/rounding.py holds the numerics; this file repeats them for speed on
+ * float32, float64 and integer arrays and is tested to give the same bits
+ * (tests/test_native.py). One algorithm, in four steps:
+ *
+ *   1. decompose  the sign and the magnitude's bits in the layout of a working
+ *                 float: float32 (W = 32) for float32 input, and for float64
+ *                 input rounded to odd at float32's precision (deterministic
+ *                 modes into formats of at most 21 mantissa bits: the second
+ *                 rounding then gives the correctly rounded result); float64
+ *                 (W = 64) for the other float64 cases, for integers (exact up
+ *                 to 2^53; larger ones go to the general path) and for float32
+ *                 input of formats whose normal range reaches below float32's;
+ *   2. grid       from the format's min normal up (the band) the format keeps
+ *                 man_bits bits below the leading one, so rounding drops the
+ *                 `drop` = P - man_bits low bits of the bit pattern, and a carry
+ *                 into the exponent field renormalises; below min normal the
+ *                 spacing is the fixed 2^quantum_exp and the significand is
+ *                 rounded at a count of bits that depends on its exponent;
+ *   3. round      round_at(), the one table of what each mode does, moves the
+ *                 kept part up by one or not; stochastic rounding's decision,
+ *                 sr_up(), compares the element's uniform U_i (Philox4x32-10,
+ *                 fpsim/philox.py) with the exact dropped fraction; when U_i's
+ *                 first word equals the fraction's first 32 bits (probability
+ *                 2^-32) the general path reads U_i's further words;
+ *   4. finish     overflow, zeros, Inf, NaN and negative inputs of unsigned
+ *                 formats take the outputs the numpy engine gives them (data
+ *                 from the caller: the kernel never re-derives a format's
+ *                 special values); the rest is assembled as a value (the
+ *                 working float's bits) or a code.
+ *
+ * The array goes through in chunks of CHUNK elements that stay in cache: the
+ * band pass (vectorised, every element), the below-band pass (vectorised, only
+ * in chunks that hold such inputs), the general path (scalar, only for the
+ * elements that need it: stochastic ties, integers beyond 2^53, inputs below
+ * the working float's min normal where the format is still normal there, as
+ * float32 subnormals for E8M0), then one store into the caller's type. Steps 2 to 4 of the two passes are written
+ * once, in _fastround_width.h, and included for each working width.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-enum { NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC };
-enum { OUT_F32 = 0, OUT_U8 = 1, OUT_U16 = 2, OUT_U32 = 4 };
+/* The rounding modes, in the order of their kernel ids in fpsim/modes.py (tests/test_modes.py reads this list). */
+#define FOR_EACH_MODE(X) X(NEAREST_EVEN) X(NEAREST_AWAY) X(TOWARD_ZERO) X(UP) X(DOWN) X(ODD) X(STOCHASTIC)
+#define MODE_ENUM(MODE) MODE,
+enum { FOR_EACH_MODE(MODE_ENUM) MODE_COUNT };
 
+enum { IN_WORKING = 0, IN_F32, IN_F64, IN_I8, IN_I16, IN_I32, IN_I64, IN_U8, IN_U16, IN_U32, IN_U64, IN_COUNT };
+enum { OUT_F32 = 0, OUT_F64, OUT_CODES }; /* float32 values, float64 values, codes */
+/* How stochastic rounding reads U: exactly (its first word, then further words on a tie), or against
+   the fraction truncated to rand_bits <= 32 bits (its first word), or to more (its first two words). */
+enum { EXACT_DRAW, TRUNCATED_DRAW, WIDE_DRAW };
+#define CHUNK 2048
+
+/* The kernel's parameters, built by fpsim/_native.py (kernel_params) from this list, which the module
+   exports as KERNEL_FIELDS: (type, name, struct code). Values are bits of the working float or codes. */
+#define KERNEL_FIELDS(X)                                                                                    \
+    X(int64_t, mode, "q")            /* kernel id of the rounding mode */                                  \
+    X(int64_t, band_mode, "q")       /* the same in the band, except for formats without mantissa bits */  \
+    X(int64_t, width, "q")           /* 32 or 64: the working float */                                      \
+    X(int64_t, input, "q")           /* IN_* */                                                             \
+    X(int64_t, output, "q")          /* OUT_* */                                                            \
+    X(int64_t, code_bytes, "q")      /* bytes of a code (OUT_CODES) */                                      \
+    X(uint64_t, lo, "Q")             /* the band: magnitude bits of the format's min normal (or the working \
+                                        float's, whichever is larger) ... */                                \
+    X(uint64_t, hi, "Q")             /* ... and of its max */                                               \
+    X(int64_t, drop, "q")            /* bits dropped in the band: P - man_bits (>= 1) */                     \
+    X(uint64_t, rebias, "Q")         /* code = (rounded bits >> drop) - rebias */                            \
+    X(int64_t, code_sign_shift, "q") /* the code's sign bit is 1 << code_sign_shift */                      \
+    X(int64_t, is_signed, "q")                                                                              \
+    X(int64_t, below_general, "q")   /* below the band: the general path (the format's normal range goes  \
+                                        below the working float's); else the grid of spacing quantum: */  \
+    X(int64_t, below_offset, "q")    /* bits dropped = below_offset - exponent field */                     \
+    X(double, quantum, "d")          /* 2^quantum_exp, the spacing below the band */                         \
+    X(uint64_t, code_unit, "Q")      /* the code of one quantum (min normal's without subnormals) */        \
+    X(uint64_t, min_count, "Q")      /* fewest quanta a result has: 1 without a zero, else 0 */              \
+    X(uint64_t, zero_below, "Q")     /* counts below this give the zero output (flush_subnormal_outputs) */ \
+    X(uint64_t, flush_inputs, "Q")   /* inputs below min normal give the zero output */                     \
+    X(uint64_t, key, "Q")            /* Philox key (stochastic) */                                          \
+    X(uint64_t, rand_bits, "Q")      /* 0: exact stochastic rounding */                                     \
+    X(uint64_t, over_pos, "Q")       /* the engine's outputs for edge inputs: overflow, ... */              \
+    X(uint64_t, over_neg, "Q")                                                                              \
+    X(uint64_t, inf_pos, "Q")        /* ... infinities, ... */                                              \
+    X(uint64_t, inf_neg, "Q")                                                                               \
+    X(uint64_t, nan_pos, "Q")        /* ... NaN, ... */                                                     \
+    X(uint64_t, nan_neg, "Q")                                                                               \
+    X(uint64_t, zero_pos, "Q")       /* ... zeros, ... */                                                   \
+    X(uint64_t, zero_neg, "Q")                                                                              \
+    X(uint64_t, negative, "Q")       /* ... a negative input of an unsigned format */                       \
+    X(int64_t, man_bits, "q")        /* the format, for the general path */                                 \
+    X(int64_t, emin, "q")                                                                                   \
+    X(int64_t, bias, "q")                                                                                   \
+    X(int64_t, quantum_exp, "q")                                                                            \
+    X(int64_t, top_exp, "q")         /* max = max_significand * 2^top_exp */                                \
+    X(uint64_t, max_significand, "Q")                                                                       \
+    X(int64_t, subnormals, "q")                                                                             \
+    X(int64_t, flush_outputs, "q")
+
+#define DECLARE_FIELD(TYPE, NAME, CODE) TYPE NAME;
 typedef struct {
-    uint32_t lo, hi;           /* float32 bits of the format's min normal (>= 2^-126) and max */
-    uint32_t drop;             /* bits dropped in the normal range: 23 - man_bits */
-    uint32_t rebias;           /* float32 exponent field minus the format's, shifted by man_bits */
-    uint32_t sign_shift;       /* float32 sign bit down to the code's sign bit */
-    uint32_t is_signed;        /* the format has negative values */
-    uint32_t subnormal_band;   /* pass 2 rounds onto the subnormal grid */
-    int32_t emin, man_bits;
-    uint32_t over[2], inf[2], nan[2], zero[2], negative; /* outputs for edge inputs, by sign */
-    const uint32_t *draws;     /* stochastic: one uniform draw in [0, 2^rbits) per element */
-    uint32_t rbits;
-} params_t;
+    KERNEL_FIELDS(DECLARE_FIELD)
+} kernel_t;
+#define DESCRIBE_FIELD(TYPE, NAME, CODE) #NAME ":" CODE " "
+static const char kernel_fields[] = KERNEL_FIELDS(DESCRIBE_FIELD);
 
-/* The magnitude bits `a` rounded at bit `drop`; s is the sign bit. Stochastic
-   rounding carries when the dropped bits, read as an rbits-bit fraction
-   (shifted by ls, then rs), plus the draw reach 2^rbits. */
-static inline uint32_t round_magnitude(int mode, uint32_t a, uint32_t s, uint32_t drop, uint32_t draw,
-                                       uint32_t rbits, uint32_t ls, uint32_t rs) {
-    const uint32_t ulp = 1u << drop, low = ulp - 1u, keep = ~low;
-    switch (mode) {
-    case STOCHASTIC: return (a & keep) + (((((a & low) << ls) >> rs) + draw) >> rbits << drop);
-    case NEAREST_EVEN: return (a + (low >> 1) + ((a >> drop) & 1u)) & keep;
-    case NEAREST_AWAY: return (a + (ulp >> 1)) & keep;
-    case TOWARD_ZERO: return a & keep;
-    case UP: return (a + (((s >> 31) - 1u) & low)) & keep;   /* positive: add ulp - 1 */
-    case DOWN: return (a + ((0u - (s >> 31)) & low)) & keep; /* negative: add ulp - 1 */
-    default: {                                                 /* ODD: sticky into the lsb */
-        uint32_t rest = a & low;
-        return (a & keep) | (((rest | (0u - rest)) >> 31) << drop);
-    }
-    }
-}
-
-/* Branch-free select: x where cond (0 or 1) holds, else y. */
-#define SEL(cond, x, y) ((((uint32_t)(cond)) * 0xffffffffu & (x)) | ((((uint32_t)(cond)) - 1u) & (y)))
-
-/* One loop per (mode, output type), parameters in locals, so that it vectorises. */
-#define PASS1(MODE, OUT_T, NORMAL_EXPR)                                                \
-    do {                                                                               \
-        OUT_T *restrict out_ = (OUT_T *)dst;                                           \
-        for (Py_ssize_t i = 0; i < n; i++) {                                           \
-            uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
-            uint32_t neg = s >> 31;                                                     \
-            uint32_t r = round_magnitude(MODE, a, s, drop, MODE == STOCHASTIC ? draws[i] : 0u, \
-                                         rbits, ls, rs);                               \
-            uint32_t res = (NORMAL_EXPR);                                               \
-            res = SEL(r > hi, SEL(neg, over1, over0), res);                             \
-            uint32_t special = SEL(a == 0x7f800000u, SEL(neg, inf1, inf0), SEL(neg, nan1, nan0)); \
-            res = SEL(a >= 0x7f800000u, special, res);                                  \
-            res = SEL(a == 0, SEL(neg, zero1, zero0), res);                             \
-            res = SEL(neg & unsigned_fmt & (a != 0), negative, res);                    \
-            out_[i] = (OUT_T)res;                                                       \
-            below |= (a < lo) & (a != 0);                                               \
-        }                                                                              \
-    } while (0)
-
-/* The common case alone: normal-range inputs and signed zeros; flags anything else. */
-#define PASS0(MODE, OUT_T, NORMAL_EXPR, OVER)                                          \
-    do {                                                                               \
-        OUT_T *restrict out_ = (OUT_T *)dst;                                           \
-        for (Py_ssize_t i = 0; i < n; i++) {                                           \
-            uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
-            uint32_t r = round_magnitude(MODE, a, s, drop, MODE == STOCHASTIC ? draws[i] : 0u, \
-                                         rbits, ls, rs);                               \
-            uint32_t ok = (((u & band_mask) - lo) <= (OVER ? finite_span : span))       \
-                          | ((a == 0) & plain_zero);                                    \
-            /* values: a zero rounds to itself, r | s is the signed zero already */      \
-            uint32_t res = neg_zero_code ? SEL(a == 0, s >> sign_shift, (NORMAL_EXPR)) : (NORMAL_EXPR); \
-            out_[i] = (OUT_T)(OVER ? SEL(r > hi, SEL(s >> 31, over1, over0), res) : res); \
-            flags |= (ok ^ 1u) << (a >= lo); /* 1: below min normal, 2: anything else */ \
-        }                                                                              \
-    } while (0)
-
-#define VALUE_EXPR (r | s)
-#define CODE_EXPR ((s >> sign_shift) | ((r >> drop) - rebias))
-
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline)) /* so that the loops specialise and vectorise */
+#else
+#define ALWAYS_INLINE inline
+#endif
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define MULTIVERSION __attribute__((target_clones("avx2", "default"))) /* the loader picks one */
 #else
 #define MULTIVERSION
 #endif
 
-MULTIVERSION
-static uint32_t pass0(int mode, int out, const uint32_t *restrict src, void *restrict dst, Py_ssize_t n,
-                      const params_t *p) {
-    const uint32_t lo = p->lo, hi = p->hi, drop = p->drop, rebias = p->rebias;
-    /* formats whose max lies well inside float32's range take every finite input from min
-       normal up here (the overflow value past max); the others (bf16, tf32) only [lo, hi] */
-    const uint32_t span = p->hi - p->lo, finite_span = 0x7f7fffffu - p->lo;
-    const uint32_t over0 = p->over[0], over1 = p->over[1], with_over = p->hi < 0x7f000000u;
-    const uint32_t sign_shift = p->sign_shift;
-    /* unsigned formats compare the sign bit too, which puts negatives out of band */
-    const uint32_t band_mask = p->is_signed ? 0x7fffffffu : 0xffffffffu;
-    /* zeros come out as signed zeros (code: the sign bit alone) when the format has -0 */
-    const uint32_t plain_zero = p->zero[0] == 0 && p->zero[1] == (out == OUT_F32 ? 0x80000000u : 1u << (31 - sign_shift));
-    const uint32_t neg_zero_code = out != OUT_F32; /* codes need the zero's own code */
-    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
-    const uint32_t ls = rbits >= drop ? rbits - drop : 0u, rs = drop > rbits ? drop - rbits : 0u;
-    uint32_t flags = 0; /* 1: inputs below min normal (pass 2); 2: anything else (pass 1) */
-#define DISPATCH_OUT0_(MODE, OVER)                                                      \
-    switch (out) {                                                                      \
-    case OUT_F32: PASS0(MODE, uint32_t, VALUE_EXPR, OVER); break;                       \
-    case OUT_U8: PASS0(MODE, uint8_t, CODE_EXPR, OVER); break;                          \
-    case OUT_U16: PASS0(MODE, uint16_t, CODE_EXPR, OVER); break;                        \
-    default: PASS0(MODE, uint32_t, CODE_EXPR, OVER); break;                             \
+/* ------------------------------------------------ the random stream: Philox4x32-10 (Random123) */
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+static inline void philox4x32_10(uint32_t x[4], uint32_t k0, uint32_t k1) {
+    for (int round = 0; round < 10; round++) {
+        const uint64_t p0 = (uint64_t)PHILOX_M0 * x[0], p1 = (uint64_t)PHILOX_M1 * x[2];
+        const uint32_t y0 = (uint32_t)(p1 >> 32) ^ x[1] ^ k0, y2 = (uint32_t)(p0 >> 32) ^ x[3] ^ k1;
+        x[0] = y0;
+        x[1] = (uint32_t)p1;
+        x[2] = y2;
+        x[3] = (uint32_t)p0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
     }
-#define DISPATCH_OUT0(MODE)                                                             \
-    if (with_over) {                                                                    \
-        DISPATCH_OUT0_(MODE, 1)                                                         \
-    } else {                                                                            \
-        DISPATCH_OUT0_(MODE, 0)                                                         \
-    }
-    switch (mode) {
-    case NEAREST_EVEN: DISPATCH_OUT0(NEAREST_EVEN) break;
-    case NEAREST_AWAY: DISPATCH_OUT0(NEAREST_AWAY) break;
-    case TOWARD_ZERO: DISPATCH_OUT0(TOWARD_ZERO) break;
-    case UP: DISPATCH_OUT0(UP) break;
-    case DOWN: DISPATCH_OUT0(DOWN) break;
-    case STOCHASTIC: DISPATCH_OUT0(STOCHASTIC) break;
-    default: DISPATCH_OUT0(ODD) break;
-    }
-    return flags;
 }
 
-MULTIVERSION
-static uint32_t pass1(int mode, int out, const uint32_t *restrict src, void *restrict dst, Py_ssize_t n,
-                      const params_t *p) {
-    const uint32_t lo = p->lo, hi = p->hi, drop = p->drop, rebias = p->rebias, sign_shift = p->sign_shift;
-    const uint32_t unsigned_fmt = !p->is_signed, negative = p->negative;
-    const uint32_t over0 = p->over[0], over1 = p->over[1], inf0 = p->inf[0], inf1 = p->inf[1];
-    const uint32_t nan0 = p->nan[0], nan1 = p->nan[1], zero0 = p->zero[0], zero1 = p->zero[1];
-    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
-    const uint32_t ls = rbits >= drop ? rbits - drop : 0u, rs = drop > rbits ? drop - rbits : 0u;
-    uint32_t below = 0; /* whether pass 2 has work */
-#define DISPATCH_OUT(MODE)                                                              \
-    switch (out) {                                                                      \
-    case OUT_F32: PASS1(MODE, uint32_t, VALUE_EXPR); break;                             \
-    case OUT_U8: PASS1(MODE, uint8_t, CODE_EXPR); break;                                \
-    case OUT_U16: PASS1(MODE, uint16_t, CODE_EXPR); break;                              \
-    default: PASS1(MODE, uint32_t, CODE_EXPR); break;                                   \
+/* word(i, depth) for i = first .. first + n - 1 (first a multiple of 4): one block per four elements. */
+static void stream_words_plain(uint64_t key, uint64_t first, Py_ssize_t n, uint32_t depth, uint32_t *restrict out) {
+    const uint64_t block0 = first >> 2;
+    for (Py_ssize_t j = 0; j < (n + 3) / 4; j++) {
+        const uint64_t block = block0 + (uint64_t)j;
+        uint32_t x[4] = {(uint32_t)block, (uint32_t)(block >> 32), depth, 0};
+        philox4x32_10(x, (uint32_t)key, (uint32_t)(key >> 32));
+        memcpy(out + 4 * j, x, sizeof x);
     }
-    switch (mode) {
-    case NEAREST_EVEN: DISPATCH_OUT(NEAREST_EVEN) break;
-    case NEAREST_AWAY: DISPATCH_OUT(NEAREST_AWAY) break;
-    case TOWARD_ZERO: DISPATCH_OUT(TOWARD_ZERO) break;
-    case UP: DISPATCH_OUT(UP) break;
-    case DOWN: DISPATCH_OUT(DOWN) break;
-    case STOCHASTIC: DISPATCH_OUT(STOCHASTIC) break;
-    default: DISPATCH_OUT(ODD) break;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+/* The same with AVX2, which compilers do not find by themselves: each 64-bit lane holds one block's
+   32-bit word (the multiply reads the low halves), two sets of four blocks interleaved. */
+__attribute__((target("avx2"))) static void stream_words_avx2(uint64_t key, uint64_t first, Py_ssize_t n,
+                                                              uint32_t depth, uint32_t *restrict out) {
+    const Py_ssize_t blocks = (n + 3) / 4;
+    const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
+    const __m256i lane_depth = _mm256_set1_epi64x(depth), eight = _mm256_set1_epi64x(8);
+    __m256i k0[10], k1[10];
+    uint32_t key0 = (uint32_t)key, key1 = (uint32_t)(key >> 32);
+    for (int round = 0; round < 10; round++, key0 += PHILOX_W0, key1 += PHILOX_W1) {
+        k0[round] = _mm256_set1_epi64x(key0);
+        k1[round] = _mm256_set1_epi64x(key1);
     }
-    return below;
-}
-
-static float pow2f(int q) { /* exact 2^q for -149 <= q <= 127 */
-    uint32_t bits = q >= -126 ? (uint32_t)(q + 127) << 23 : 1u << (q + 149);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static void store(int out, void *dst, Py_ssize_t i, uint32_t value) {
-    if (out == OUT_F32 || out == OUT_U32) ((uint32_t *)dst)[i] = value;
-    else if (out == OUT_U16) ((uint16_t *)dst)[i] = (uint16_t)value;
-    else ((uint8_t *)dst)[i] = (uint8_t)value;
-}
-
-/* Pass 2: inputs below the format's min normal (pass 0 flags them, zeros and unsigned
-   negatives among them, which take the caller's values). Returns how many it left to the caller. */
-static Py_ssize_t pass2(int mode, int out, const uint32_t *src, void *dst, Py_ssize_t n, const params_t *p) {
-    Py_ssize_t left = 0;
-    const int quantum_exp = p->emin - p->man_bits; /* >= -149 for the formats the caller sends */
-    const float quantum = pow2f(quantum_exp);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;
-        if (a >= p->lo) continue; /* passes 0 and 1 got it right */
-        if (a == 0) {
-            store(out, dst, i, s ? p->zero[1] : p->zero[0]);
-            continue;
+    __m256i block_a = _mm256_add_epi64(_mm256_set1_epi64x((long long)(first >> 2)), _mm256_setr_epi64x(0, 1, 2, 3));
+    __m256i block_b = _mm256_add_epi64(block_a, _mm256_set1_epi64x(4));
+    Py_ssize_t j = 0;
+    for (; j + 8 <= blocks; j += 8) {
+        __m256i a0 = block_a, a1 = _mm256_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm256_setzero_si256();
+        __m256i b0 = block_b, b1 = _mm256_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm256_setzero_si256();
+        for (int round = 0; round < 10; round++) {
+            const __m256i pa0 = _mm256_mul_epu32(a0, m0), pa1 = _mm256_mul_epu32(a2, m1);
+            const __m256i pb0 = _mm256_mul_epu32(b0, m0), pb1 = _mm256_mul_epu32(b2, m1);
+            a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa1, 32), a1), k0[round]);
+            a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa0, 32), a3), k1[round]);
+            b0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb1, 32), b1), k0[round]);
+            b2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb0, 32), b3), k1[round]);
+            a1 = pa1, a3 = pa0, b1 = pb1, b3 = pb0;
         }
-        if (!p->subnormal_band) { /* flushing, or no subnormal grid: the numpy engine decides */
-            left++;
-            continue;
-        }
-        if (s && !p->is_signed) {
-            store(out, dst, i, p->negative);
-            continue;
-        }
-        uint32_t field = a >> 23;
-        uint32_t sig = (a & 0x7fffffu) | (field ? 0x800000u : 0u);
-        int lsb_exp = (field ? (int)field : 1) - 150;
-        int all = quantum_exp - lsb_exp; /* >= 1: the input is below min normal */
-        int d = all > 26 ? 26 : all;     /* sig < 2^24 < half: only "nonzero" matters */
-        uint32_t keep = sig >> d, rest = sig & ((1u << d) - 1u), half = 1u << (d - 1);
-        uint32_t inexact = rest != 0, up = 0;
-        switch (mode) {
-        case NEAREST_EVEN: up = rest > half || (rest == half && (keep & 1u)); break;
-        case NEAREST_AWAY: up = rest >= half; break;
-        case TOWARD_ZERO: break;
-        case UP: up = inexact && !s; break;
-        case DOWN: up = inexact && s; break;
-        case STOCHASTIC: {
-            /* the fraction of the spacing uses the true bit count: far below, it is tiny */
-            uint32_t ls = p->rbits >= (uint32_t)all ? p->rbits - (uint32_t)all : 0u;
-            uint32_t rs = (uint32_t)all > p->rbits ? (uint32_t)all - p->rbits : 0u;
-            if (rs > 31u) rs = 31u;
-            up = (((rest << ls) >> rs) + p->draws[i]) >> p->rbits;
-            break;
-        }
-        default: keep |= inexact; break;
-        }
-        keep += up;
-        if (keep == 0) {
-            store(out, dst, i, s ? p->zero[1] : p->zero[0]);
-        } else if (out == OUT_F32) {
-            float v = (float)keep * quantum;
-            uint32_t bits;
-            memcpy(&bits, &v, sizeof bits);
-            store(out, dst, i, bits | s);
-        } else { /* subnormal code = keep; keep == 2^man_bits is min normal's code */
-            store(out, dst, i, (s >> p->sign_shift) | keep);
-        }
+        /* words 0, 1 and 2, 3 of each block side by side, then blocks in order */
+#define STORE_BLOCKS(x0, x1, x2, x3, dst)                                                                 \
+    do {                                                                                                 \
+        const __m256i w01 = _mm256_blend_epi32(x0, _mm256_slli_epi64(x1, 32), 0xAA);                        \
+        const __m256i w23 = _mm256_blend_epi32(x2, _mm256_slli_epi64(x3, 32), 0xAA);                        \
+        const __m256i even = _mm256_unpacklo_epi64(w01, w23), odd = _mm256_unpackhi_epi64(w01, w23);        \
+        _mm256_storeu_si256((__m256i *)(dst), _mm256_permute2x128_si256(even, odd, 0x20));                  \
+        _mm256_storeu_si256((__m256i *)(dst) + 1, _mm256_permute2x128_si256(even, odd, 0x31));              \
+    } while (0)
+        STORE_BLOCKS(a0, a1, a2, a3, out + 4 * j);
+        STORE_BLOCKS(b0, b1, b2, b3, out + 4 * j + 16);
+#undef STORE_BLOCKS
+        block_a = _mm256_add_epi64(block_a, eight);
+        block_b = _mm256_add_epi64(block_b, eight);
     }
-    return left;
+    stream_words_plain(key, first + 4 * (uint64_t)j, n - 4 * j, depth, out + 4 * j);
 }
 
-/* Pass 2 for formats with a subnormal grid, branch-free so that it vectorises
- * (AVX2 shifts each lane by its own count): every input below min normal is
- * rounded onto the grid of spacing 2^(emin - man_bits); others keep pass 0/1's output. */
-static inline uint32_t as_bits(float f) {
-    uint32_t b;
-    memcpy(&b, &f, sizeof b);
+static void stream_words(uint64_t key, uint64_t first, Py_ssize_t n, uint32_t depth, uint32_t *restrict out) {
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (avx2) stream_words_avx2(key, first, n, depth, out);
+    else stream_words_plain(key, first, n, depth, out);
+}
+#else
+#define stream_words stream_words_plain
+#endif
+
+static uint32_t stream_word(uint64_t key, uint64_t index, uint32_t depth) {
+    uint32_t x[4] = {(uint32_t)(index >> 2), (uint32_t)(index >> 34), depth, 0};
+    philox4x32_10(x, (uint32_t)key, (uint32_t)(key >> 32));
+    return x[index & 3];
+}
+
+/* ------------------------------------------------ steps 2 to 4, vectorised, per working width */
+#define W 32
+#define word_t uint32_t
+#define sword_t int32_t
+#define fword_t float
+#define P 23
+#define BIAS_IN 127
+#define FN(name) name##_32
+#include "_fastround_width.h"
+#undef W
+#undef word_t
+#undef sword_t
+#undef fword_t
+#undef P
+#undef BIAS_IN
+#undef FN
+
+#define W 64
+#define word_t uint64_t
+#define sword_t int64_t
+#define fword_t double
+#define P 52
+#define BIAS_IN 1023
+#define FN(name) name##_64
+#include "_fastround_width.h"
+#undef W
+#undef word_t
+#undef sword_t
+#undef fword_t
+#undef P
+#undef BIAS_IN
+#undef FN
+
+/* ------------------------------------------------ the general path: one element, exactly */
+/* digit j of f = rest / 2^D (its bits 32 j + 1 .. 32 (j + 1) after the binary point); *more: f has
+   bits beyond them. */
+static uint32_t fraction_digit(uint64_t rest, int64_t D, int64_t j, int *more) {
+    const int64_t shift = 32 * (j + 1) - D; /* digit = floor(rest * 2^shift) mod 2^32 */
+    if (shift >= 0) {
+        *more = 0;
+        return shift >= 32 ? 0u : (uint32_t)(rest << shift);
+    }
+    if (-shift >= 64) {
+        *more = rest != 0;
+        return 0u;
+    }
+    *more = (rest & ((UINT64_C(1) << -shift) - 1)) != 0;
+    return (uint32_t)(rest >> -shift);
+}
+
+/* Stochastic rounding's decision for U_index < f = rest / 2^D, exactly or truncated to rand_bits. */
+static int general_sr_up(const kernel_t *k, uint64_t rest, int64_t D, uint64_t index, uint32_t u0) {
+    const int64_t r = (int64_t)k->rand_bits;
+    if (r) {
+        const uint64_t truncated = D <= r ? rest << (r - D) : (D - r < 64 ? rest >> (D - r) : 0);
+        const uint64_t u = ((uint64_t)u0 << 32) | (r > 32 ? stream_word(k->key, index, 1) : 0u);
+        return (u >> (64 - r)) < truncated;
+    }
+    uint32_t u = u0;
+    for (int64_t j = 0;; j++) { /* the first word that differs from f's decides */
+        int more;
+        const uint32_t digit = fraction_digit(rest, D, j, &more);
+        if (u != digit) return u < digit;
+        if (!more) return 0; /* U >= f */
+        u = stream_word(k->key, index, (uint32_t)(j + 1));
+    }
+}
+
+static uint64_t float_bits(double v, int width) {
+    if (width == 32) {
+        const float f = (float)v;
+        uint32_t b;
+        memcpy(&b, &f, sizeof b);
+        return b;
+    }
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
     return b;
 }
 
-#define PASS2V(MODE, OUT_T, IS_CODES)                                                  \
-    do {                                                                               \
-        OUT_T *restrict out_ = (OUT_T *)dst;                                           \
-        for (Py_ssize_t i = 0; i < n; i++) {                                           \
-            uint32_t u = src[i], a = u & 0x7fffffffu, s = u & 0x80000000u;               \
-            uint32_t field = a >> 23;                                                   \
-            uint32_t sig = (a & 0x7fffffu) | SEL(field != 0, 0x800000u, 0u);              \
-            int32_t all = quantum_exp - ((int32_t)SEL(field != 0, field, 1u) - 150);    \
-            int32_t d = all < 1 ? 1 : (all > 26 ? 26 : all);                            \
-            uint32_t dt = (uint32_t)(all < 1 ? 1 : (all > 60 ? 60 : all)); /* true count */ \
-            uint32_t keep = sig >> d, rest = sig & ((1u << d) - 1u), half = 1u << (d - 1); \
-            uint32_t inexact = rest != 0, neg = s >> 31;                                \
-            uint32_t sls = SEL(rbits >= dt, rbits - dt, 0u);                            \
-            uint32_t srs = SEL(dt > rbits, dt - rbits > 31u ? 31u : dt - rbits, 0u);     \
-            uint32_t up = MODE == STOCHASTIC ? (((rest << sls) >> srs) + (MODE == STOCHASTIC ? draws[i] : 0u)) >> rbits \
-                        : MODE == NEAREST_EVEN ? (rest > half) | ((rest == half) & keep) \
-                        : MODE == NEAREST_AWAY ? rest >= half                           \
-                        : MODE == UP ? inexact & (neg ^ 1u)                             \
-                        : MODE == DOWN ? inexact & neg : 0u;                            \
-            keep = (MODE == ODD ? keep | inexact : keep + (up & 1u));                   \
-            uint32_t res = IS_CODES ? (s >> sign_shift) | keep                          \
-                                    : as_bits((float)(int32_t)keep * quantum) | s;      \
-            res = SEL(keep == 0, SEL(neg, zero1, zero0), res);                          \
-            out_[i] = (OUT_T)SEL(a < lo, res, (uint32_t)out_[i]);                       \
-        }                                                                              \
+/* Steps 2 to 4 for |x| = sig * 2^lsb (0 < sig < 2^64) with sign neg, from the format's facts: the
+   output in the representation of `out` (values of the working float, or codes). */
+static uint64_t round_general(const kernel_t *k, int neg, uint64_t sig, int64_t lsb, uint64_t index, uint32_t u0) {
+    const int64_t M = k->man_bits;
+    const uint64_t zero = neg ? k->zero_neg : k->zero_pos;
+    /* 2. the grid's spacing 2^q at |x| */
+    const int64_t e = lsb + 63 - __builtin_clzll(sig); /* floor(log2 |x|) */
+    const int tiny = e < k->emin;
+    if (tiny && k->flush_inputs) return zero;
+    if (neg && !k->is_signed) return k->negative;
+    int64_t q = tiny ? k->quantum_exp : e - M;
+    const int64_t D = q - lsb;
+    /* 3. round: n quanta */
+    uint64_t n;
+    if (D <= 0) {
+        n = sig << -D; /* on the grid */
+    } else {
+        const uint64_t keep = D < 64 ? sig >> D : 0, rest = D < 64 ? sig & ((UINT64_C(1) << D) - 1) : sig;
+        if (k->mode == STOCHASTIC) {
+            n = keep + (uint64_t)general_sr_up(k, rest, D, index, u0);
+        } else { /* the mode table on (last kept bit, round bit, sticky bit) */
+            const uint64_t round_bit = D <= 64 ? (rest >> (D - 1)) & 1 : 0;
+            const uint64_t sticky = D <= 64 ? (D == 1 ? 0 : (rest & ((UINT64_C(1) << (D - 1)) - 1)) != 0) : rest != 0;
+            n = (keep & ~UINT64_C(1)) + round_at_64((int)k->mode, ((keep & 1) << 2) | (round_bit << 1) | sticky, 2, 3,
+                                                    (uint64_t)neg, 0);
+        }
+    }
+    /* 4. finish */
+    if (n == 0) {
+        if (k->min_count == 0) return zero;
+        n = 1; /* no zero: the smallest value */
+    }
+    const uint64_t full = UINT64_C(1) << M;
+    if (n == 2 * full) { /* carried into the next binade */
+        n = full;
+        q++;
+    }
+    if (n < full && !k->subnormals) { /* one quantum below the band is min normal */
+        n <<= M;
+        q -= M;
+    }
+    if (n >= full && (q > k->top_exp || (q == k->top_exp && n > k->max_significand)))
+        return neg ? k->over_neg : k->over_pos;
+    if (n < full && k->flush_outputs) return zero;
+    if (k->output == OUT_CODES) {
+        const uint64_t magnitude = n >= full ? ((uint64_t)(q + M + k->bias) << M) | (n - full) : n;
+        return magnitude | (neg ? UINT64_C(1) << k->code_sign_shift : 0);
+    }
+    const int width = (int)k->width;
+    return float_bits(ldexp((double)n, (int)q), width) | ((uint64_t)neg << (width - 1));
+}
+
+/* The exact sign, significand and lsb exponent of element i of the input (working bits w for floats). */
+static int decompose_exact(const kernel_t *k, const void *src, Py_ssize_t i, uint64_t w, uint64_t *sig,
+                           int64_t *lsb) {
+    int64_t v = 0;
+    uint64_t u = 0;
+    switch (k->input) {
+    case IN_I8: v = ((const int8_t *)src)[i]; break;
+    case IN_I16: v = ((const int16_t *)src)[i]; break;
+    case IN_I32: v = ((const int32_t *)src)[i]; break;
+    case IN_I64: v = ((const int64_t *)src)[i]; break;
+    case IN_U8: u = ((const uint8_t *)src)[i]; break;
+    case IN_U16: u = ((const uint16_t *)src)[i]; break;
+    case IN_U32: u = ((const uint32_t *)src)[i]; break;
+    case IN_U64: u = ((const uint64_t *)src)[i]; break;
+    default: { /* the working float's bits */
+        const int P_ = k->width == 32 ? 23 : 52, bias_in = k->width == 32 ? 127 : 1023;
+        const uint64_t magnitude = w & ((UINT64_C(1) << (k->width - 1)) - 1), field = magnitude >> P_;
+        *sig = (magnitude & ((UINT64_C(1) << P_) - 1)) | (field ? UINT64_C(1) << P_ : 0);
+        *lsb = (int64_t)(field ? field : 1) - bias_in - P_;
+        return (int)(w >> (k->width - 1)) & 1;
+    }
+    }
+    *lsb = 0;
+    if (k->input <= IN_I64) {
+        *sig = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
+        return v < 0;
+    }
+    *sig = u;
+    return 0;
+}
+
+/* ------------------------------------------------ step 1 for inputs of another type than the working float */
+/* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path. */
+static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_t n, uint64_t *out,
+                 uint64_t *general) {
+    int any = 0;
+#define WIDEN(TYPE, BIG)                                                                                 \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                               \
+        const TYPE v = ((const TYPE *)src)[start + i];                                                    \
+        const double d = (double)v;                                                                       \
+        const int big = BIG;                                                                              \
+        memcpy(&out[i], &d, sizeof d);                                                                    \
+        general[i] |= (uint64_t)big;                                                                       \
+        any |= big;                                                                                       \
+    }                                                                                                    \
+    break;
+    switch (k->input) {
+    case IN_F32: WIDEN(float, 0)
+    case IN_I8: WIDEN(int8_t, 0)
+    case IN_I16: WIDEN(int16_t, 0)
+    case IN_I32: WIDEN(int32_t, 0)
+    case IN_U8: WIDEN(uint8_t, 0)
+    case IN_U16: WIDEN(uint16_t, 0)
+    case IN_U32: WIDEN(uint32_t, 0)
+    case IN_I64: WIDEN(int64_t, v > (INT64_C(1) << 53) || v < -(INT64_C(1) << 53))
+    default: WIDEN(uint64_t, v > (UINT64_C(1) << 53))
+    }
+#undef WIDEN
+    return any;
+}
+
+/* Working float32 bits of a chunk of float64 input, rounded to odd (truncated, the last bit set when
+   any dropped bit is): rounding that again to a format with at most 21 mantissa bits, whose values
+   all have an even last bit in float32, gives the correctly rounded result in every deterministic
+   mode (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using
+   rounding to odd", IEEE TC 2008). Beyond float32's range: float32's max, which overflows (or, toward
+   zero, saturates) exactly where the input does; below it, float32's subnormal grid, which the caller
+   keeps two bits finer than the format's (quantum_exp >= -147). */
+static void narrow_to_odd_plain(const uint64_t *restrict src, uint32_t *restrict out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint64_t u = src[i], a = u & ~(UINT64_C(1) << 63), field = a >> 52, mant = a & ((UINT64_C(1) << 52) - 1);
+        uint32_t bits;
+        if (field == 2047) bits = mant ? 0x7fc00000u : 0x7f800000u; /* NaN, Inf */
+        else if (field > 1150) bits = 0x7f7fffffu;                   /* finite beyond float32: its max */
+        else if (field >= 897)                                       /* rebias, 23 bits, the sticky bit */
+            bits = (uint32_t)((field - 896) << 23) | (uint32_t)(mant >> 29) | ((mant << 35) != 0);
+        else { /* float32 subnormal k * 2^-149 and the sticky bit */
+            const uint64_t sig = mant | ((uint64_t)(field != 0) << 52), shift = 926 - (field ? field : 1);
+            const uint64_t kept = shift < 64 ? sig >> shift : 0;
+            bits = (uint32_t)kept | (shift < 64 ? sig != kept << shift : sig != 0);
+        }
+        out[i] = bits | ((uint32_t)(u >> 32) & 0x80000000u);
+    }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+/* The same with the hardware: convert rounding toward zero (MXCSR, subnormals kept, exceptions masked),
+   then set the last bit where converting back differs; exactly the cases above. */
+__attribute__((target("avx2"))) static void narrow_to_odd_avx2(const uint64_t *restrict src, uint32_t *restrict out,
+                                                               Py_ssize_t n) {
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x7F80u); /* round toward zero, all exceptions masked, no flush to zero */
+    const __m256i even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d x = _mm256_loadu_pd((const double *)src + i);
+        const __m128 y = _mm256_cvtpd_ps(x);
+        const __m256d inexact = _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ);
+        const __m128i sticky = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(inexact), even_lanes));
+        _mm_storeu_si128((__m128i *)(out + i), _mm_or_si128(_mm_castps_si128(y), _mm_and_si128(sticky, _mm_set1_epi32(1))));
+    }
+    _mm_setcsr(saved);
+    narrow_to_odd_plain(src + i, out + i, n - i);
+}
+
+static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, Py_ssize_t n) {
+    static int avx2 = -1;
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (avx2) narrow_to_odd_avx2(src, out, n);
+    else narrow_to_odd_plain(src, out, n);
+}
+#else
+#define narrow_to_odd narrow_to_odd_plain
+#endif
+
+static size_t input_size(int64_t input, int64_t width) {
+    static const size_t sizes[IN_COUNT] = {0, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+    return input == IN_WORKING ? (size_t)width / 8 : sizes[input];
+}
+
+static size_t output_size(const kernel_t *k) {
+    return k->output == OUT_CODES ? (size_t)k->code_bytes : k->output == OUT_F32 ? 4 : 8;
+}
+
+/* The last step: a chunk of results into the caller's type. */
+static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t start, Py_ssize_t n) {
+    if (k->width == 64 && k->output == OUT_F32) {
+        const double *r = results;
+        float *o = (float *)dst + start;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = (float)r[i]; /* exact: the values are the format's */
+        return;
+    }
+    if (k->width == 32 && k->output == OUT_F64) {
+        const float *r = results;
+        double *o = (double *)dst + start;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = r[i];
+        return;
+    }
+#define NARROW(FROM, TO)                                                                                 \
+    do {                                                                                                 \
+        const FROM *r = results;                                                                         \
+        TO *o = (TO *)dst + start;                                                                       \
+        for (Py_ssize_t i = 0; i < n; i++) o[i] = (TO)r[i];                                              \
     } while (0)
-
-MULTIVERSION
-static void pass2_grid(int mode, int out, const uint32_t *restrict src, void *restrict dst, Py_ssize_t n,
-                       const params_t *p) {
-    const int32_t quantum_exp = p->emin - p->man_bits; /* >= -149 for the formats the caller sends */
-    const float quantum = pow2f(quantum_exp);
-    const uint32_t lo = p->lo, sign_shift = p->sign_shift, zero0 = p->zero[0], zero1 = p->zero[1];
-    const uint32_t *restrict draws = p->draws, rbits = p->rbits;
-#define DISPATCH_OUT2(MODE)                                                             \
-    switch (out) {                                                                      \
-    case OUT_F32: PASS2V(MODE, uint32_t, 0); break;                                     \
-    case OUT_U8: PASS2V(MODE, uint8_t, 1); break;                                       \
-    case OUT_U16: PASS2V(MODE, uint16_t, 1); break;                                     \
-    default: PASS2V(MODE, uint32_t, 1); break;                                          \
+    if (k->width == 32) {
+        if (k->code_bytes == 1) NARROW(uint32_t, uint8_t);
+        else NARROW(uint32_t, uint16_t);
+    } else {
+        if (k->code_bytes == 1) NARROW(uint64_t, uint8_t);
+        else if (k->code_bytes == 2) NARROW(uint64_t, uint16_t);
+        else NARROW(uint64_t, uint32_t);
     }
-    switch (mode) {
-    case NEAREST_EVEN: DISPATCH_OUT2(NEAREST_EVEN) break;
-    case NEAREST_AWAY: DISPATCH_OUT2(NEAREST_AWAY) break;
-    case TOWARD_ZERO: DISPATCH_OUT2(TOWARD_ZERO) break;
-    case UP: DISPATCH_OUT2(UP) break;
-    case DOWN: DISPATCH_OUT2(DOWN) break;
-    case STOCHASTIC: DISPATCH_OUT2(STOCHASTIC) break;
-    default: DISPATCH_OUT2(ODD) break;
-    }
+#undef NARROW
 }
 
-static int parse_pair(PyObject *seq, uint32_t pair[2]) {
-    unsigned int x0, x1;
-    if (!PyArg_ParseTuple(seq, "II", &x0, &x1)) return 0;
-    pair[0] = x0;
-    pair[1] = x1;
-    return 1;
-}
+/* ------------------------------------------------ the driver: chunk by chunk, pass by pass */
+#define DEFINE_RUN(W_, word_t)                                                                              \
+    static void run_##W_(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {                      \
+        word_t work[CHUNK], results[CHUNK];                                                                   \
+        uint32_t u0[CHUNK], u1[CHUNK];                                                                        \
+        word_t below[CHUNK], general[CHUNK];                                                                  \
+        const int stochastic = k->mode == STOCHASTIC, codes = k->output == OUT_CODES;                         \
+        const int direct = output_size(k) == sizeof(word_t); /* results straight into dst */                  \
+        const pass_fn_##W_ band = passes_##W_[k->band_mode][0][codes], below_band = passes_##W_[k->mode][1][codes]; \
+        const uint32_t *second = k->rand_bits > 32 ? u1 : u0; /* U's second word, where it is needed */      \
+        for (Py_ssize_t start = 0; start < n; start += CHUNK) {                                               \
+            const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;                                       \
+            memset(general, 0, sizeof general);                                                               \
+            /* 1. decompose: the working float's bits */                                                     \
+            const word_t *w = (const word_t *)src + start;                                                    \
+            int needs_general = 0;                                                                            \
+            if (k->input == IN_F64 && W_ == 32) {                                                              \
+                narrow_to_odd((const uint64_t *)src + start, (uint32_t *)work, m);                             \
+                w = work;                                                                                     \
+            } else if (k->input != IN_WORKING) {                                                              \
+                needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
+                w = work;                                                                                     \
+            }                                                                                                \
+            if (stochastic) {                                                                                 \
+                stream_words(k->key, (uint64_t)start, m, 0, u0);                                              \
+                if (k->rand_bits > 32) stream_words(k->key, (uint64_t)start, m, 1, u1);                       \
+            }                                                                                                \
+            word_t *out = direct ? (word_t *)dst + start : results;                                           \
+            /* 2 to 4: the band, then below it, then what only the general path decides */                  \
+            word_t ties = 0;                                                                                  \
+            const Py_ssize_t n_below = band(k, w, u0, second, out, below, m, 0, &ties);                        \
+            if (n_below && k->below_general) {                                                                \
+                for (Py_ssize_t i = 0; i < m; i++) general[i] |= below[i];                                    \
+                needs_general = 1;                                                                            \
+            } else if (n_below) {                                                                             \
+                below_band(k, w, u0, second, out, below, m, n_below, &ties);                                  \
+            }                                                                                                \
+            if (ties) ties_of_##W_(k, w, u0, second, below, general, m);                                      \
+            if (needs_general || ties) {                                                                      \
+                for (Py_ssize_t i = 0; i < m; i++) {                                                          \
+                    if (!general[i]) continue;                                                                \
+                    uint64_t sig;                                                                             \
+                    int64_t lsb;                                                                              \
+                    const int neg = decompose_exact(k, src, start + i, w[i], &sig, &lsb);                     \
+                    out[i] = (word_t)round_general(k, neg, sig, lsb, (uint64_t)(start + i), stochastic ? u0[i] : 0); \
+                }                                                                                            \
+            }                                                                                                \
+            if (!direct) store(k, out, dst, start, m);                                                        \
+        }                                                                                                    \
+    }
+DEFINE_RUN(32, uint32_t)
+DEFINE_RUN(64, uint64_t)
 
-static PyObject *round_f32(PyObject *self, PyObject *args) {
-    Py_buffer src, dst, draws;
-    int mode, out;
-    params_t p;
-    unsigned int lo, hi, drop, rebias, sign_shift, is_signed, subnormal_band, negative, rbits;
-    int emin, man_bits;
-    PyObject *over, *inf, *nan, *zero;
-    if (!PyArg_ParseTuple(args, "y*w*iiIIIIIIIiiO!O!O!O!Iy*I", &src, &dst, &mode, &out, &lo, &hi, &drop, &rebias,
-                          &sign_shift, &is_signed, &subnormal_band, &emin, &man_bits, &PyTuple_Type, &over,
-                          &PyTuple_Type, &inf, &PyTuple_Type, &nan, &PyTuple_Type, &zero, &negative, &draws,
-                          &rbits))
-        return NULL;
-    Py_ssize_t n = src.len / 4;
-    Py_ssize_t need = out == OUT_F32 ? n * 4 : n * out;
-    int ok = parse_pair(over, p.over) && parse_pair(inf, p.inf) && parse_pair(nan, p.nan) &&
-             parse_pair(zero, p.zero);
-    int stochastic = mode == STOCHASTIC;
-    if (!ok || src.len % 4 || dst.len < need || mode < NEAREST_EVEN || mode > STOCHASTIC || hi < lo || drop > 23 ||
-        emin - man_bits < -149 || (stochastic && (draws.len < n * 4 || rbits < 1 || rbits > 26))) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
-        PyBuffer_Release(&draws);
-        if (ok) PyErr_SetString(PyExc_ValueError, "round_f32: bad buffer sizes or parameters");
-        return NULL;
+/* ------------------------------------------------ the module */
+static PyObject *round_array(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, params;
+    if (!PyArg_ParseTuple(args, "y*w*y*", &src, &dst, &params)) return NULL;
+    kernel_t k;
+    const char *problem = NULL;
+    if (params.len != (Py_ssize_t)sizeof k) {
+        problem = "parameters of the wrong size (build them with fpsim._native.kernel_params)";
+    } else {
+        memcpy(&k, params.buf, sizeof k);
+        const int P_ = k.width == 32 ? 23 : 52;
+        const Py_ssize_t item = (Py_ssize_t)input_size(k.input, k.width);
+        if ((k.width != 32 && k.width != 64) || k.mode < 0 || k.mode >= MODE_COUNT || k.band_mode < 0 ||
+            k.band_mode >= MODE_COUNT || k.input < 0 || k.input >= IN_COUNT ||
+            (k.width == 32 && k.input != IN_WORKING && !(k.input == IN_F64 && k.mode != STOCHASTIC)) ||
+            k.output < OUT_F32 || k.output > OUT_CODES ||
+            (k.output == OUT_CODES && k.code_bytes != 1 && k.code_bytes != 2 && k.code_bytes != 4 &&
+             !(k.code_bytes == 8 && k.width == 64)) ||
+            k.drop < 1 || k.drop > P_ || k.rand_bits > (uint64_t)(k.width == 32 ? 32 : 52) || k.man_bits < 0 ||
+            k.man_bits > P_ - 1 || k.code_sign_shift < 0 || k.code_sign_shift > 63)
+            problem = "parameters out of range";
+        else if (src.len % item || dst.len != src.len / item * (Py_ssize_t)output_size(&k))
+            problem = "buffer sizes do not match";
     }
-    p.lo = lo;
-    p.hi = hi;
-    p.drop = drop;
-    p.rebias = rebias;
-    p.sign_shift = sign_shift;
-    p.is_signed = is_signed;
-    p.subnormal_band = subnormal_band;
-    p.emin = emin;
-    p.man_bits = man_bits;
-    p.negative = negative;
-    p.draws = stochastic ? (const uint32_t *)draws.buf : NULL;
-    p.rbits = stochastic ? rbits : 0u;
-    Py_ssize_t left = 0;
-    Py_BEGIN_ALLOW_THREADS
-    /* With no mantissa bits the kept significand is the implicit 1, always odd,
-       while the bit-pattern trick would read the exponent's lsb as its parity. */
-    if (drop == 23) mode = mode == NEAREST_EVEN ? NEAREST_AWAY : mode == ODD ? TOWARD_ZERO : mode;
-    uint32_t flags = pass0(mode, out, (const uint32_t *)src.buf, dst.buf, n, &p);
-    if (flags & 2) flags |= pass1(mode, out, (const uint32_t *)src.buf, dst.buf, n, &p);
-    if (flags & 1) {
-        if (p.subnormal_band && p.is_signed)
-            pass2_grid(mode, out, (const uint32_t *)src.buf, dst.buf, n, &p);
-        else
-            left = pass2(mode, out, (const uint32_t *)src.buf, dst.buf, n, &p);
+    if (!problem) {
+        const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
+        Py_BEGIN_ALLOW_THREADS
+        if (k.width == 32) run_32(&k, src.buf, dst.buf, n);
+        else run_64(&k, src.buf, dst.buf, n);
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
-    PyBuffer_Release(&draws);
-    return PyLong_FromSsize_t(left);
+    PyBuffer_Release(&params);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *philox_words(PyObject *self, PyObject *args) {
+    unsigned long long key, first;
+    unsigned int depth;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "KKIw*", &key, &first, &depth, &out)) return NULL;
+    if (first % 4 || out.len % 16) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "philox_words: first must be a multiple of 4, out a multiple of 4 words");
+        return NULL;
+    }
+    stream_words(key, first, out.len / 4, depth, out.buf);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"round_f32", round_f32, METH_VARARGS,
-     "round_f32(src, dst, mode, out, lo, hi, drop, rebias, sign_shift, is_signed, subnormal_band, emin, "
-     "man_bits, over, inf, nan, zero, negative, draws, rbits) -> number of elements left to the caller"},
+    {"round_array", round_array, METH_VARARGS,
+     "round_array(src, dst, params): round the buffer src into dst with the packed parameters params"},
+    {"philox_words", philox_words, METH_VARARGS,
+     "philox_words(key, first, depth, out): word(i, depth) of the stochastic-rounding stream for "
+     "i = first .. first + len(out) - 1 (uint32 buffer)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastround",
                                     "Compiled fast path of fpsim's rounding engine.", -1, methods};
 
-PyMODINIT_FUNC PyInit__fastround(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastround(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "KERNEL_FIELDS", kernel_fields) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,16 +1,20 @@
 """The compiled fast path of the rounding engine (fpsim/_fastround.c), and its bridge.
 
-The kernel covers float32 numpy input in every mode, for formats
-inside float32's range. It takes every edge value (overflow, Inf, NaN, zero,
-negative input of an unsigned format) as data computed here by the numpy
-engine, and hands back the few elements it does not round (inputs below min
-normal of formats without a subnormal grid), which the numpy engine finishes.
-Tests compare the result with the numpy engine bit for bit.
+The kernel rounds float32, float64 and integer numpy arrays (torch CPU tensors
+through their numpy view) in every mode, for formats inside the working
+float's range: float32 input works in float32 for formats whose normal range
+float32 holds, and so does float64 input where rounding it to odd at float32's
+precision first is exact (see route); the other float64 cases, integers and
+the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
+an unsigned format) as data computed here by the numpy engine, and draws its
+stochastic-rounding words from the same Philox stream as the engine
+(fpsim/philox.py). Tests compare the two bit for bit.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 
 import numpy as np
 
@@ -22,13 +26,14 @@ try:
 except ImportError:  # built without a compiler: the numpy engine does everything
     _fastround = None
 
-FLOAT32_RAND_BITS = 26  # exact stochastic rounding of float32 input: 23 + 3 bits, as the numpy engine
-_FLOAT32_MIN_NORMAL_BITS = 0x00800000
-# Inputs whose result depends only on sign, mode and options, in pairs (+, -):
-# overflow, Inf, NaN, zero; then a negative value (for unsigned formats; negatives below min
-# normal, which flush_subnormal_inputs turns into -0, go to the numpy engine).
-_EDGE_INPUTS = np.array([3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0,
-                         -3.4028235e38], dtype=np.float32)  # (the last: never flushed as subnormal)
+# the kernel's input kinds and output kinds (the IN_* and OUT_* enums of _fastround.c)
+_INPUTS = {"working": 0, "float32": 1, "float64": 2, "int8": 3, "int16": 4, "int32": 5, "int64": 6,
+           "uint8": 7, "uint16": 8, "uint32": 9, "uint64": 10}
+_OUTPUTS = {"float32": 0, "float64": 1, "codes": 2}
+_LAYOUT = {32: (23, 127, np.float32, np.uint32), 64: (52, 1023, np.float64, np.uint64)}  # P, bias, float, bits
+# Inputs whose result depends only on sign, mode and options, in pairs (+, -): the largest finite
+# value (it overflows whenever anything does), Inf, NaN, zero; then a negative (for unsigned formats).
+_EDGE_INPUTS = ("max", "-max", "inf", "-inf", "nan", "-nan", "0", "-0", "-max")
 
 
 def available() -> bool:
@@ -52,91 +57,137 @@ def warn_once_without_kernel() -> None:
         warnings.warn(NO_KERNEL_WARNING, RuntimeWarning, stacklevel=4)
 
 
-def covers(work, fmt: Format, rounding: str) -> bool:
-    """Whether the kernel applies: float32 numpy input, a deterministic mode, a format within float32."""
-    return (
-        _fastround is not None
-        and isinstance(work, np.ndarray)
-        and work.dtype == np.float32
-        and rounding in MODES
-        and fmt.man_bits <= 22
-        and fmt.emax <= 127
-        and fmt.emin - fmt.man_bits >= -149
-        and fmt.max >= 2 ** -126  # the kernel's normal band starts at float32's min normal
-    )
+def _fits(fmt: Format, width: int) -> bool:
+    """Whether the kernel rounds to `fmt` in this working float: one bit or more is dropped, the
+    format's max and its finest spacing are the float's numbers, and its band (from min normal up)
+    reaches the float's normal range."""
+    P, bias, _, _ = _LAYOUT[width]
+    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    return (fmt.man_bits <= P - 1 and fmt.emax <= bias and quantum_exp >= 1 - bias - P
+            and fmt.max >= 2 ** (1 - bias))
 
 
-def _reference(fmt: Format, options: tuple, codes: bool):
-    """The numpy engine for float32 input: values, or codes when `codes` (what the kernel must match).
+def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
+    """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply.
 
-    reference(values, draws) takes the stochastic draws of those values (the largest by default).
-    """
-    from . import _arrays
-    from .codec import _pack, code_dtype
-    from .rounding import round_bits
+    float64 input works in float32, rounded to odd first, where that is exact: deterministic modes
+    into formats of at most 21 mantissa bits whose finest spacing is 4 times float32's or more."""
+    dtype = np.dtype(dtype)
+    if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
+        return None
+    stochastic = MODES[rounding].stochastic
+    if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
+        return 32, "working"
+    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    if dtype == np.float64 and not stochastic and _fits(fmt, 32) and fmt.man_bits <= 21 and quantum_exp >= -147:
+        return 32, "float64"
+    if not _fits(fmt, 64):
+        return None
+    if dtype == np.float32:
+        return 64, "float32"
+    if dtype == np.float64:
+        return 64, "working"
+    if dtype.kind in "iu" and dtype.name in _INPUTS:
+        return 64, dtype.name
+    return None
 
-    engine_options = dict(options)
 
-    def reference(values, draws=None):
-        ops = _arrays.Ops(values)
-        if engine_options["rounding"] == "stochastic" and draws is None:
-            # the largest draw: every inexact value rounds away from zero, so the
-            # overflow edge input (float32 max) overflows as it can in the kernel
-            bits = engine_options["rand_bits"] or FLOAT32_RAND_BITS
-            draws = np.full(values.shape, (1 << bits) - 1, dtype=np.uint32)
-        rounded = round_bits(values, fmt, ops, random_ints=draws, **engine_options)
-        return _pack(rounded, fmt, ops).astype(code_dtype(fmt)) if codes else rounded
+def covers(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> bool:
+    return route(dtype, fmt, rounding, rand_bits) is not None
 
-    return reference
+
+class _ZeroWords:
+    """A stream whose U is 0: every inexact magnitude rounds away from zero (for the edge inputs)."""
+
+    @staticmethod
+    def leading_words(depth, n, ops):
+        return np.zeros(n, dtype=np.int64)
+
+    @staticmethod
+    def words(depth, index, ops):
+        return np.zeros(len(index), dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=256)
-def _edge_answers(fmt: Format, options: tuple, codes: bool) -> tuple:
-    """The engine's outputs for _EDGE_INPUTS, as the kernel's integers (0 where the engine
-    refuses the input: the caller has checked that the data holds none, e.g. NaN for a
-    format without NaN)."""
-    reference = _reference(fmt, options, codes)
+def _edge_answers(fmt: Format, options: tuple, width: int, codes: bool) -> tuple:
+    """The engine's outputs for _EDGE_INPUTS in the working float, as the kernel's integers (0 where
+    the engine refuses the input: the caller has checked that the data holds none)."""
+    from . import _arrays
+    from .codec import _pack
+    from .rounding import round_bits
+
+    P, _, float_type, bits_type = _LAYOUT[width]
+    big = float(np.finfo(float_type).max)
+    values = {"max": big, "-max": -big, "inf": np.inf, "-inf": -np.inf, "nan": np.nan, "-nan": -np.nan,
+              "0": 0.0, "-0": -0.0}
+    engine_options = dict(options)
     answers = []
-    for value in _EDGE_INPUTS:
+    for name in _EDGE_INPUTS:
+        x = np.array([values[name]], dtype=float_type)
+        ops = _arrays.Ops(x)
         try:
-            out = np.asarray(reference(np.array([value], dtype=np.float32)))
-            answers.append(int(out.view(np.uint32 if out.dtype == np.float32 else out.dtype)[0]))
+            rounded = round_bits(x, fmt, ops, stream=_ZeroWords(), **engine_options)
+            out = _pack(rounded, fmt, ops) if codes else rounded.view(bits_type)
+            answers.append(int(out[0]) & ((1 << 64) - 1))
         except ValueError:
             answers.append(0)
     return tuple(answers)
 
 
-def run(work: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, codes: bool,
-        rand_bits=None, draws=None):
-    """Round float32 `work` with the kernel: float32 values, or codes when `codes`.
-
-    Stochastic rounding needs `draws`: one integer in [0, 2^r) per element, r =
-    rand_bits or 26 (the same draws the numpy engine takes).
-    """
-    from .codec import code_dtype
-
+def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, rand_bits, key, width, input_kind,
+                  output, code_bytes) -> bytes:
+    """The kernel's parameters (kernel_t in _fastround.c), packed: every number the kernel uses, from `fmt`."""
+    P, bias_in, float_type, bits_type = _LAYOUT[width]
+    M = fmt.man_bits
+    mode = MODES[rounding].kernel_id
+    band_mode = mode
+    if M == 0:  # the kept significand is the implicit 1, always odd, while the band's bit pattern
+        # would read the exponent's last bit as its parity
+        band_mode = {"nearest_even": MODES["nearest_away"], "odd": MODES["toward_zero"]}.get(rounding, MODES[rounding]).kernel_id
+    quantum_exp = fmt.emin - M if fmt.subnormals else fmt.emin
+    flush_inputs = bool(flush_inputs and fmt.zero)  # (a format without zero has nothing to flush to)
+    flush_outputs = bool(flush_outputs and fmt.zero)
     options = (("rounding", rounding), ("saturate", saturate), ("flush_inputs", flush_inputs),
                ("flush_outputs", flush_outputs), ("rand_bits", rand_bits))
-    stochastic = rounding == "stochastic"
-    draw_buffer = np.ascontiguousarray(draws, dtype=np.uint32).reshape(-1) if stochastic else b""
-    src = np.ascontiguousarray(work)
-    out_dtype = code_dtype(fmt) if codes else np.dtype(np.float32)
+    answers = dict(zip(("over_pos", "over_neg", "inf_pos", "inf_neg", "nan_pos", "nan_neg", "zero_pos", "zero_neg",
+                        "negative"), _edge_answers(fmt, options, width, output == "codes")))
+
+    def bits(value) -> int:
+        return int(np.array(float(value), dtype=float_type).view(bits_type))
+
+    values = dict(
+        mode=mode, band_mode=band_mode, width=width, input=_INPUTS[input_kind],
+        output=_OUTPUTS[output], code_bytes=code_bytes,
+        lo=bits(max(fmt.min_normal, 2 ** (1 - bias_in))), hi=bits(fmt.max), drop=P - M,
+        rebias=((bias_in - fmt.bias) << M) & ((1 << 64) - 1),
+        code_sign_shift=fmt.bits - 1 if fmt.signed else 0, is_signed=int(fmt.signed),
+        below_general=int(fmt.emin < 1 - bias_in), below_offset=quantum_exp + bias_in + P, quantum=2.0 ** quantum_exp,
+        code_unit=1 if fmt.subnormals else fmt.min_exp_field << M, min_count=0 if fmt.zero else 1,
+        zero_below=((1 << M) if flush_outputs and fmt.subnormals else 1) if fmt.zero else 0,
+        flush_inputs=int(flush_inputs), key=key or 0, rand_bits=(rand_bits or 0) if rounding == "stochastic" else 0,
+        man_bits=M, emin=fmt.emin, bias=fmt.bias, quantum_exp=quantum_exp, top_exp=fmt.emax - M,
+        max_significand=fmt.max_significand, subnormals=int(fmt.subnormals), flush_outputs=int(flush_outputs),
+        **answers)
+    names, codes = zip(*(field.split(":") for field in _fastround.KERNEL_FIELDS.split()))
+    return struct.pack("=" + "".join(codes), *(values[name] for name in names))
+
+
+def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, rand_bits=None, key=None,
+        codes: bool = False, values_dtype=None) -> np.ndarray:
+    """Round `array` with the kernel (route() must apply): codes when `codes`, else values of
+    `values_dtype` (float32 or float64, default float64). `key`: stochastic's Philox key."""
+    from .codec import code_dtype
+
+    width, input_kind = route(array.dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None)
+    src = np.ascontiguousarray(array)  # C order: the element index of the stream is the flat index
+    if codes:
+        out_dtype, output = code_dtype(fmt), "codes"
+    else:
+        out_dtype = np.dtype(values_dtype or np.float64)
+        output = out_dtype.name
+    params = kernel_params(fmt, rounding=rounding, saturate=saturate, flush_inputs=flush_inputs,
+                           flush_outputs=flush_outputs, rand_bits=rand_bits, key=key, width=width,
+                           input_kind=input_kind, output=output, code_bytes=out_dtype.itemsize)
     dst = np.empty(src.shape, dtype=out_dtype)
-    answers = _edge_answers(fmt, options, codes)
-    over, inf, nan, zero = (tuple(answers[i:i + 2]) for i in range(0, 8, 2))
-    lo = max(int(np.float32(float(fmt.min_normal)).view(np.uint32)), _FLOAT32_MIN_NORMAL_BITS)
-    hi = int(np.float32(float(fmt.max)).view(np.uint32))
-    flush = flush_inputs or flush_outputs
-    left = _fastround.round_f32(
-        src, dst.view(np.uint8), MODES[rounding].kernel_id, out_dtype.itemsize if codes else 0, lo, hi,
-        23 - fmt.man_bits, ((127 - fmt.bias) << fmt.man_bits) & 0xFFFFFFFF, 31 - (fmt.exp_bits + fmt.man_bits),
-        int(fmt.signed), int(fmt.subnormals and fmt.zero and not flush and fmt.emin >= -126), fmt.emin,
-        fmt.man_bits, over, inf, nan, zero, answers[8], draw_buffer,
-        (rand_bits or FLOAT32_RAND_BITS) if stochastic else 0,
-    )
-    if left:
-        magnitude = src.view(np.uint32) & np.uint32(0x7FFFFFFF)
-        redo = (magnitude < lo) & (magnitude != 0)
-        subset_draws = np.asarray(draws).reshape(src.shape)[redo] if stochastic else None
-        dst[redo] = _reference(fmt, options, codes)(src[redo], subset_draws)
-    return dst.reshape(np.shape(work))  # (ascontiguousarray makes 0-d arrays 1-d)
+    _fastround.round_array(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), params)
+    return dst.reshape(np.shape(array))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _arrays, _native
+from . import _arrays, _native, philox
 from ._options import RoundingOptions, check_options, first_index, refuse_values_without_code
 from .formats import PRESETS, Format, format as get_format
 from .rounding import _LAYOUT, decompose, round_array
@@ -75,24 +75,18 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
 
 
 def _encode_native(array, fmt: Format, options: RoundingOptions):
-    """Codes straight from the compiled kernel for float32/float16 numpy arrays, else None."""
-    if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16):
+    """Codes straight from the compiled kernel for float16/32/64 and integer numpy arrays, else None."""
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu":
         return None
-    work = array.astype(np.float32, copy=False)
-    if not _native.covers(work, fmt, options.rounding):
+    work = array.astype(np.float32) if array.dtype == np.float16 else array  # exactly
+    stochastic = options.rounding == "stochastic"
+    if not _native.covers(work.dtype, fmt, options.rounding, options.rand_bits if stochastic else None):
         return None
-    rand_bits = options.rand_bits
-    draws = None
-    if options.rounding == "stochastic":  # the same draws quantize() would take
-        if rand_bits is not None and rand_bits > _native.FLOAT32_RAND_BITS:
-            return None
-        ops = _arrays.Ops(work)
-        rng = ops.generator(options.seed, options.generator)
-        draws = ops.random_ints(work.shape, rand_bits or _native.FLOAT32_RAND_BITS, rng)
     refuse_values_without_code(work, fmt, options.flush_inputs)
+    key = philox.key_from(options.seed, options.generator, torch_input=False) if stochastic else None
     return _native.run(work, fmt, rounding=options.rounding, saturate=options.saturate,
                        flush_inputs=options.flush_inputs, flush_outputs=options.flush_outputs,
-                       codes=True, rand_bits=rand_bits, draws=draws)
+                       rand_bits=options.rand_bits, key=key, codes=True)
 
 
 def decode(codes, fmt: "str | Format | None" = None):

@@ -97,8 +97,8 @@ def round_value(
     For ``rounding="stochastic"`` give `random_fraction` u in [0, 1): the
     magnitude rounds away from zero when u < the fractional position of |x|
     between its neighbours. With `rand_bits` = r, that position is first
-    truncated to r bits and u must be a multiple of 2^-r, which is how
-    hardware with r random bits behaves.
+    truncated to r bits, which is how hardware with r random bits behaves
+    (comparing u with it is comparing u's top r bits).
     """
     fmt = get_format(fmt)
     check_rounding(rounding)

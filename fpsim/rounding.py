@@ -10,17 +10,19 @@ by one. Overflow is judged on that result, as IEEE 754 does with an
 unbounded exponent.
 
 The same code runs on numpy arrays and torch tensors (see `_arrays.Ops`). A
-compiled kernel (`_native`) takes over float32 input on the CPU; it is tested
-to give identical bits (for stochastic rounding, with the same draws).
+compiled kernel (`_native`) takes over float32, float64 and integer input on
+the CPU; it is tested to give identical bits (for stochastic rounding, from
+the same Philox stream, `philox.py`).
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import numpy as np
 
-from . import _arrays, _native
+from . import _arrays, _native, philox
 from ._options import RoundingOptions, check_options, refuse_values_without_code
 from .modes import ROUNDING_MODES, mode as get_mode
 from .formats import Format, format as get_format
@@ -59,11 +61,14 @@ def quantize(
        stochastic``.
     saturate: clamp overflow (and Inf) to ±max instead of the format's own
        overflow value (Inf, else NaN, else max). NaN stays NaN.
-    seed, generator: randomness for ``stochastic`` (a numpy Generator for
-       numpy input, a torch.Generator for tensors); fresh entropy when neither
-       is given.
-    rand_bits: for ``stochastic``, how many random bits decide each rounding
-       (hardware uses a limited number); None means exact probabilities.
+    seed, generator: the key of ``stochastic``'s Philox stream (fpsim.philox):
+       the seed itself (0 <= seed < 2^64), or 64 bits drawn from a numpy
+       Generator (numpy input) or torch.Generator (tensors), which advances
+       it; a fresh key when neither is given. Element i's draw depends on the
+       key and i only: the same bits on numpy and torch, float32 and float64.
+    rand_bits: for ``stochastic``, r random bits decide each rounding: the
+       fraction is truncated to r bits (probability floor(f 2^r) / 2^r, biased
+       toward zero by less than 2^-r of the spacing); None: exact probability f.
     flush_subnormal_inputs: inputs below the format's min normal become ±0
        before rounding. flush_subnormal_outputs: results below min normal
        become ±0.
@@ -133,42 +138,44 @@ def round_array(array, fmt: Format, options: RoundingOptions):
     refuse_values_without_code(array, fmt, options.flush_inputs)
     engine = options.engine()
     ops = _arrays.Ops(array)
-    rng = ops.generator(options.seed, options.generator) if options.rounding == "stochastic" else None
-
-    big_integers = None
-    if in_fmt is None:
-        work, big_integers = _integers_as_float64(array, ops)
-    else:
-        work = _working_values(array, out_fmt, ops)
-    draws = None
-    if rng is not None:  # one draw per element, whichever path rounds them
-        width = 64 if str(work.dtype).endswith("float64") else 32
-        draws = ops.random_ints(tuple(work.shape), options.rand_bits or _LAYOUT[width][0] + 3, rng)
-    result = _quantize_native(work, fmt, ops, engine, draws)
+    key = philox.key_from(options.seed, options.generator, ops.torch) if options.rounding == "stochastic" else None
+    result = _quantize_native(array, in_fmt, out_fmt, fmt, ops, engine, key)
     if result is None:
-        result = round_bits(work, fmt, ops, random_ints=draws, **engine)
-    if big_integers is not None:
-        result = _round_big_integers(array, result, big_integers, fmt, engine, ops)
+        result = _quantize_engine(array, in_fmt, out_fmt, fmt, ops, engine, key)
     return _to_result_dtype(result, out_fmt, ops)
 
 
-def _quantize_native(work, fmt: Format, ops, options, draws=None):
-    """The compiled kernel's result for float32 input on the CPU, or None where it does not apply."""
-    host = work.numpy() if ops.torch and work.device.type == "cpu" else work
+def _quantize_native(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, key):
+    """The compiled kernel's values for numpy arrays and CPU tensors, or None where it does not apply."""
     if not _native.available():
-        if isinstance(host, np.ndarray):
+        if not ops.torch or array.device.type == "cpu":
             _native.warn_once_without_kernel()
         return None
-    if not _native.covers(host, fmt, options["rounding"]):
+    if ops.torch and array.device.type != "cpu":
         return None
-    if (options["rand_bits"] or 0) > _native.FLOAT32_RAND_BITS:
-        return None  # more random bits than a float32 input has below its last bit
-    if draws is not None and ops.torch:
-        draws = draws.numpy()
+    host = _working_values(array, out_fmt, ops) if in_fmt is not None else array
+    if ops.torch:
+        host = host.numpy()
+    rand_bits = options["rand_bits"] if options["rounding"] == "stochastic" else None
+    if not _native.covers(host.dtype, fmt, options["rounding"], rand_bits):
+        return None
+    values_dtype = host.dtype if in_fmt is not None else np.float64
     result = _native.run(host, fmt, rounding=options["rounding"], saturate=options["saturate"],
                          flush_inputs=options["flush_inputs"], flush_outputs=options["flush_outputs"],
-                         codes=False, rand_bits=options["rand_bits"], draws=draws)
+                         rand_bits=options["rand_bits"], key=key, codes=False, values_dtype=values_dtype)
     return _arrays._torch.from_numpy(result) if ops.torch else result
+
+
+def _quantize_engine(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, key):
+    """The numpy (or torch) engine: floats in their working dtype, integers through float64."""
+    stream = philox.Stream(key) if key is not None else None
+    if in_fmt is not None:
+        return round_bits(_working_values(array, out_fmt, ops), fmt, ops, stream=stream, **options)
+    work, exact = _integers_as_float64(array, fmt, options["rounding"], ops)
+    result = round_bits(work, fmt, ops, stream=stream, **options)
+    if exact is not None:
+        result = _round_big_integers(array, result, exact, fmt, options, ops, stream)
+    return result
 
 
 def _working_values(array, out_fmt: Format, ops):
@@ -180,45 +187,83 @@ def _working_values(array, out_fmt: Format, ops):
     return array.astype(np.float64 if wide else np.float32, copy=False)
 
 
-def _integers_as_float64(array, ops):
-    """Integers as float64, exact; those beyond 2^53 (no exact float64) are masked out as 0.
+def _integers_as_float64(array, fmt: Format, rounding: str, ops):
+    """Integers as float64, and a mask of those the Fraction oracle must round (or None).
 
-    Object arrays hold Python ints, and floats beside them (from a list such as [0.5, 2**70]),
-    which are float64 already."""
+    Up to 2^53 the float64 is exact. Beyond, the magnitude is rounded to odd at 53 bits (truncated,
+    with the last bit set when any dropped bit is): a second rounding of that to at most 51 bits
+    (man_bits <= 50) gives the correctly rounded result in every deterministic mode (Boldo and
+    Melquiond, "When double rounding is odd", 2005). Stochastic rounding and wider formats need
+    the exact value: those integers (and Python ints beyond 64 bits) go to the oracle. Object
+    arrays hold Python ints, and floats beside them (from a list such as [0.5, 2**70]).
+    """
     values = array.cpu().numpy() if ops.torch else np.asarray(array)
+    limit = 2**53
     if values.dtype == object:
         flat = values.ravel()
-        big = np.array([not isinstance(v, float) and abs(int(v)) > 2**53 for v in flat], dtype=bool)
-        work = np.array([0.0 if b else (v if isinstance(v, float) else float(int(v))) for v, b in zip(flat, big)],
+        integral = [isinstance(v, numbers.Integral) for v in flat]
+        big = np.array([i and abs(int(v)) > limit for v, i in zip(flat, integral)], dtype=bool)
+        work = np.array([0.0 if b else float(int(v) if i else v) for v, i, b in zip(flat, integral, big)],
                         dtype=np.float64).reshape(values.shape)
-        big = big.reshape(values.shape)
+        exact = big.reshape(values.shape)
     else:
-        limit = 2**53
+        work = values.astype(np.float64)
         big = values > limit
         if values.dtype.kind == "i":
             big |= values < -limit
-        work = np.where(big, 0, values).astype(np.float64)
+        exact = None
+        if big.any():
+            work[big] = _odd_rounded(values[big])
+            if rounding == "stochastic" or fmt.man_bits > 50:
+                exact = big
     if ops.torch:
         work = _arrays._torch.from_numpy(work).to(array.device)
-    return work, (big if big.any() else None)
+    return work, (exact if exact is not None and exact.any() else None)
 
 
-def _round_big_integers(array, result, big, fmt, options, ops):
-    """Round integers beyond 2^53 from their exact value with the Fraction oracle (rare, slow, exact)."""
+def _odd_rounded(values: np.ndarray) -> np.ndarray:
+    """int64/uint64 values beyond 2^53 as float64, rounded to odd at 53 bits (exactly)."""
+    negative = values < 0
+    magnitude = values.astype(np.uint64)  # two's complement: negate the negatives below
+    magnitude[negative] = np.uint64(0) - magnitude[negative]
+    exponent = np.frexp(magnitude.astype(np.float64))[1].astype(np.int64)  # bit length, or one more
+    exponent -= (magnitude >> (exponent - 1).astype(np.uint64)) == 0
+    shift = (exponent - 53).astype(np.uint64)
+    kept = magnitude >> shift
+    sticky = (magnitude & ((np.uint64(1) << shift) - np.uint64(1))) != 0
+    result = np.ldexp((kept | sticky.astype(np.uint64)).astype(np.float64), shift.astype(np.int64))
+    return np.where(negative, -result, result)
+
+
+def _round_big_integers(array, result, exact, fmt, options, ops, stream):
+    """Round the integers marked `exact` from their value with the Fraction oracle (rare, slow, exact);
+    stochastic rounding reads U from the same stream as the engine and the kernel."""
+    from fractions import Fraction
+
     from .exact import round_value
 
     values = array.cpu().numpy() if ops.torch else np.asarray(array)
     rounded = (result.cpu().numpy() if ops.torch else np.asarray(result)).copy()
-    for index in np.ndindex(big.shape):
-        if not big[index]:
-            continue
-        value = int(values[index])
-        rounded[index] = round_value(value, fmt, options["rounding"], options["saturate"],
-                                     flush_subnormal_inputs=options["flush_inputs"],
-                                     flush_subnormal_outputs=options["flush_outputs"])
-        if rounded[index] != rounded[index]:  # the engine's NaN sign convention (see _nan_like)
+    flat_values, flat_rounded = values.reshape(-1), rounded.reshape(-1)
+    host = _arrays.Ops(flat_rounded)
+    for i in np.flatnonzero(exact.reshape(-1)):
+        value = int(flat_values[i])
+        u = None
+        if options["rounding"] == "stochastic":
+            # enough words that U's comparison with every bit of the dropped fraction is settled
+            e = abs(value).bit_length() - 1
+            dropped_bits = (max(e, fmt.emin) - fmt.man_bits) if (e >= fmt.emin or fmt.subnormals) else fmt.emin
+            count = max(1, -(-dropped_bits // 32), -(-(options["rand_bits"] or 0) // 32))
+            index = np.array([i], dtype=np.int64)
+            words = [int(stream.words(j, index, host)[0]) for j in range(count)]
+            u = Fraction(sum(w << (32 * (count - 1 - j)) for j, w in enumerate(words)), 1 << (32 * count))
+        flat_rounded[i] = round_value(value, fmt, options["rounding"], options["saturate"],
+                                      flush_subnormal_inputs=options["flush_inputs"],
+                                      flush_subnormal_outputs=options["flush_outputs"],
+                                      random_fraction=u, rand_bits=options["rand_bits"])
+        if flat_rounded[i] != flat_rounded[i]:  # the engine's NaN sign convention (see _nan_like)
             negative = (value < 0 or fmt.nan == "fnuz") and fmt.signed
-            rounded[index] = -np.nan if negative else np.nan
+            flat_rounded[i] = -np.nan if negative else np.nan
     if ops.torch:
         return _arrays._torch.from_numpy(rounded).to(result.device)
     return rounded
@@ -264,19 +309,18 @@ def decompose(w, ops) -> Parts:
 
 
 def round_bits(w, fmt: Format, ops, *, rounding, saturate, rand_bits=None, flush_inputs=False,
-               flush_outputs=False, rng=None, random_ints=None):
+               flush_outputs=False, stream=None):
     """The engine: round float32/float64 array `w` to `fmt`; returns an array of w's dtype.
 
-    `random_ints` (stochastic only) replaces the generator with given draws,
-    uniform integers in [0, 2^r) where r = rand_bits or P+3 bits; tests use it
-    to compare single draws with the exact oracle.
+    `stream` (stochastic only) gives the words of each element's uniform U
+    (a `philox.Stream`; tests pass their own words to hold single draws to
+    the exact oracle).
     """
     with np.errstate(over="ignore", invalid="ignore"):  # Inf/NaN lanes are replaced below
-        return _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_outputs,
-                           rng, random_ints)
+        return _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_outputs, stream)
 
 
-def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_outputs, rng, random_ints):
+def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_outputs, stream):
     parts = decompose(w, ops)
     width, P, M = parts.width, parts.P, fmt.man_bits
     negative, is_nan, is_inf, is_zero = parts.negative, parts.is_nan, parts.is_inf, parts.is_zero
@@ -309,14 +353,9 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         up = inexact & ~negative
     elif rounding == "down":
         up = inexact & negative
-    else:  # stochastic: carry out of (dropped bits, truncated to r) + r random bits
-        r = rand_bits if rand_bits is not None else P + 3
-        draws = random_ints if random_ints is not None else ops.random_ints(tuple(w.shape), r, rng)
-        # the dropped bits as an r-bit fraction of the spacing: shift by the true count
-        # (a value far below the spacing has a tiny fraction, not the clipped one)
-        top = ops.where(drop_all >= r, dropped >> ops.clip(drop_all - r, lo=0, hi=62),
-                        dropped << ops.clip(r - drop_all, lo=0))
-        up = (top + draws) >= (1 << r)
+    else:  # stochastic: up when U < the dropped fraction of the spacing, dropped / 2^drop_all exactly
+        # (drop_all is the true count: a value far below the spacing has a tiny fraction)
+        up = _stochastic_up(dropped, drop_all, rand_bits, stream, ops)
     if rounding == "odd":
         n = keep | inexact.to(keep.dtype) if ops.torch else keep | inexact
     elif up is None:
@@ -353,6 +392,49 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
     # construction: negating a NaN does not flip its sign on every device.
     invalid = invalid | (result != result)
     return ops.where(invalid, _nan_like(fmt, negative, w, ops, width), result)
+
+
+def _stochastic_up(dropped, count, rand_bits, stream, ops):
+    """Whether U_i < f_i = dropped / 2^count for each element (0 <= dropped < 2^min(count, 62)), with f
+    truncated to rand_bits bits when given. U_i's words come from `stream` (see philox.py): the first
+    for every element, further ones only where U's first words equal f's leading bits."""
+    if stream is None:
+        raise ValueError("stochastic rounding needs a stream of random words")
+    shape = tuple(dropped.shape)
+    dropped, count = dropped.reshape(-1), count.reshape(-1)
+    n = dropped.shape[0]
+    first = stream.leading_words(0, n, ops)
+    if rand_bits is not None:  # U's top r bits against f truncated to r bits
+        r = rand_bits
+        truncated = ops.where(count >= r, dropped >> ops.clip(count - r, lo=0, hi=62),
+                              dropped << ops.clip(r - count, lo=0, hi=62))
+        draw = first >> (32 - r) if r <= 32 else (first << (r - 32)) | (stream.leading_words(1, n, ops) >> (64 - r))
+        return (draw < truncated).reshape(shape)
+    digit, more = _fraction_digit(dropped, count, 0, ops)
+    up = first < digit
+    tie = (first == digit) & more
+    depth = 0
+    while bool(tie.any()):  # probability 2^-32 per element and word
+        depth += 1
+        index = tie.nonzero()[0] if not ops.torch else tie.nonzero().reshape(-1)
+        word = stream.words(depth, index, ops)
+        digit, more = _fraction_digit(dropped[index], count[index], depth, ops)
+        up[index] = word < digit
+        tie = tie & False
+        tie[index] = (word == digit) & more
+    return up.reshape(shape)
+
+
+def _fraction_digit(dropped, count, depth: int, ops):
+    """Word `depth` of f = dropped / 2^count (its bits 32 depth + 1 .. 32 (depth + 1) after the point),
+    and whether f has bits beyond it."""
+    shift = 32 * (depth + 1) - count  # the word is floor(dropped * 2^shift) mod 2^32
+    left = ops.clip(shift, lo=0, hi=32)
+    right = ops.clip(-shift, lo=0, hi=62)
+    low = dropped & ((ops.shift_left(1, ops.clip(32 - left, lo=0)) - 1))  # the bits that stay below 2^32
+    digit = ops.where(shift >= 0, ops.where(shift >= 32, 0, low << left), (dropped >> right) & 0xFFFFFFFF)
+    more = (shift < 0) & ((dropped & (ops.shift_left(1, right) - 1)) != 0)
+    return digit, more
 
 
 def _overflow_goes_to_infinity(rounding, negative, ops, saturate):

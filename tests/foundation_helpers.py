@@ -202,6 +202,31 @@ def random_inputs(n: int, dtype, seed: int) -> np.ndarray:
     return np.concatenate([values, raw])
 
 
+# ------------------------------------------------ the stochastic-rounding stream
+def reference_philox(counter, key):
+    """Philox4x32-10 on Python ints, from Salmon et al. (SC'11), independent of fpsim.philox: ten rounds of two 32x32->64 multiplications
+    (constants 0xD2511F53, 0xCD9E8D57), the key bumped by 0x9E3779B9, 0xBB67AE85 between rounds."""
+    x0, x1, x2, x3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * x0, 0xCD9E8D57 * x2
+        x0, x1, x2, x3 = (p1 >> 32) ^ x1 ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ x3 ^ k1, p0 & 0xFFFFFFFF
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return x0, x1, x2, x3
+
+
+def reference_word(key: int, index: int, depth: int) -> int:
+    """word(index, depth) of the stream, as philox.py documents it."""
+    block = index >> 2
+    out = reference_philox((block & 0xFFFFFFFF, block >> 32, depth, 0), (key & 0xFFFFFFFF, key >> 32))
+    return out[index & 3]
+
+
+def reference_fraction(key: int, index: int, words: int) -> Fraction:
+    """U of element `index` to `words` 32-bit words (exact), as the oracle's random_fraction."""
+    return sum(Fraction(reference_word(key, index, j), 2 ** (32 * (j + 1))) for j in range(words))
+
+
 # ---------------------------------------------------- hypothesis strategies
 
 @st.composite

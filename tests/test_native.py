@@ -1,13 +1,15 @@
-"""The compiled fast path (fpsim/_fastround.c via fpsim._native) against the numpy engine.
+"""The compiled fast path (fpsim/_fastround.c via fpsim._native) against the numpy engine and the oracle.
 
-The kernel claims to give the numpy engine's bits (round_bits for values,
-codec._pack for codes) on every float32 input it covers. Both are compared
-here bit for bit on inputs covering every float32 bit-pattern class: random
-uint32 patterns, every exponent field with edge mantissas, NaN payloads of
-both signs, +-0, subnormals, +-Inf, and dense sweeps around every value of
-each 8-bit format; for every preset it covers, every deterministic mode,
-saturate and both flush options; also through quantize/encode and torch CPU
-tensors. (The engine itself is held to the exact oracle in test_rounding.py.)
+The kernel claims to give the numpy engine's bits (round_bits for values, codec._pack for codes)
+on every float32, float64 and integer input it covers, stochastic rounding included (both read the
+same Philox stream, fpsim/philox.py). Both are compared here bit for bit on inputs covering every
+bit-pattern class of float32 and float64 (random patterns, every exponent field with edge
+mantissas, NaN payloads of both signs, +-0, subnormals, +-Inf, dense sweeps around every value of
+each 8-bit format), on every integer dtype's edge values, for every preset the kernel covers,
+every mode, saturate and both flush options; also through quantize/encode and torch CPU tensors.
+The engine itself is held to the exact oracle in test_rounding.py and test_stochastic.py; the
+integer cases and the kernel's general path (stochastic ties, integers beyond 2^53) are also
+held to the oracle (fpsim.exact) here directly.
 """
 
 from __future__ import annotations
@@ -17,41 +19,55 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fpsim import _arrays, _native
+from fpsim import _arrays, _native, exact, philox
 from fpsim.codec import _pack, code_dtype, encode
 from fpsim.formats import PRESETS, Format
-from fpsim.rounding import quantize, round_bits
+from fpsim.rounding import _quantize_engine, quantize, round_bits
 
 from foundation_helpers import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, codable, custom_formats, fmt_id,
-                      requires_torch, sweep_points, torch)
+                                reference_fraction, reference_word, requires_torch, sweep_points, torch)
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="the compiled kernel fpsim._fastround is not built (numpy engine only)")
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 FLUSH = [(False, False), (True, False), (False, True), (True, True)]
+KEY = 0x243F6A8885A308D3
+UINT = {np.float32: np.uint32, np.float64: np.uint64}
 
 
-def _bit_pattern_inputs(seed: int, n_random: int = 8_000) -> np.ndarray:
-    """float32 inputs from every bit-pattern class."""
+def _bit_pattern_inputs(seed: int, dtype=np.float32, n_random: int = 8_000) -> np.ndarray:
+    """Inputs of `dtype` from every bit-pattern class."""
     rng = np.random.default_rng(seed)
-    random_bits = rng.integers(0, 2**32, size=n_random, dtype=np.uint64).astype(np.uint32)
-    fields = np.arange(256, dtype=np.uint32) << np.uint32(23)
-    mantissas = np.array([0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF, 0x7FFFFE, 0x200000, 0x600000,
-                          0x0FFFFF, 0x100000], dtype=np.uint32)
-    mantissas = np.concatenate([mantissas, rng.integers(0, 1 << 23, size=8).astype(np.uint32)])
-    every_field = (fields[:, None] | mantissas[None, :]).ravel()
-    every_field = np.concatenate([every_field, every_field | np.uint32(0x80000000)])
-    nan_payloads = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF,
-                             0x7FA00000, 0xFFA5A5A5], dtype=np.uint32)
-    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF,
-                         0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF], dtype=np.uint32)
-    return np.concatenate([random_bits, every_field, nan_payloads, specials]).view(np.float32)
+    P, fields = (23, 256) if dtype == np.float32 else (52, 2048)
+    uint = UINT[dtype]
+    width = 8 * np.dtype(dtype).itemsize
+    random_bits = rng.integers(0, 2**width, size=n_random, dtype=np.uint64).astype(uint)
+    one = uint(1)
+    top = uint((1 << P) - 1)
+    mantissas = np.array([0, 1, 2, top >> one, (top >> one) + one, (top >> one) + uint(2), top, top - one,
+                          one << uint(P - 2), uint(3) << uint(P - 2), (one << uint(P - 3)) - one, one << uint(P - 3)],
+                         dtype=uint)
+    if dtype == np.float64:  # 2048 exponent fields: the edge mantissas only
+        mantissas = mantissas[[0, 1, 3, 4, 6, 7, 8]]
+    mantissas = np.concatenate([mantissas, rng.integers(0, 1 << P, size=8 if P == 23 else 3, dtype=np.uint64).astype(uint)])
+    every_field = ((np.arange(fields, dtype=uint) << uint(P))[:, None] | mantissas[None, :]).ravel()
+    sign = one << uint(width - 1)
+    every_field = np.concatenate([every_field, every_field | sign])
+    inf = uint(fields - 1) << uint(P)
+    nan_payloads = np.array([inf | (one << uint(P - 1)), inf | one, inf | top, inf | uint(0x5A5A5)], dtype=uint)
+    nan_payloads = np.concatenate([nan_payloads, nan_payloads | sign])
+    specials = np.array([0, 1, top, one << uint(P), inf - one, inf], dtype=uint)
+    specials = np.concatenate([specials, specials | sign])
+    out = np.concatenate([random_bits, every_field, nan_payloads, specials]).view(dtype)
+    if dtype == np.float64:  # float64 input near float32's edges too
+        out = np.concatenate([out, _bit_pattern_inputs(seed, np.float32, n_random // 4)[::4].astype(np.float64)])
+    return out
 
 
 def _kernel_formats():
-    presets = [f for f in PRESETS.values() if _native.covers(np.zeros(1, np.float32), f, "nearest_even")]
-    customs = [f for f in CUSTOM_FORMATS.values() if _native.covers(np.zeros(1, np.float32), f, "nearest_even")]
+    presets = [f for f in PRESETS.values() if _native.covers(np.float32, f)]
+    customs = [f for f in CUSTOM_FORMATS.values() if _native.covers(np.float32, f)]
     return presets, customs
 
 
@@ -60,25 +76,37 @@ KERNEL_PRESETS, KERNEL_CUSTOMS = _kernel_formats()
 
 def test_kernel_covers_the_expected_presets():
     names = {f.name for f in KERNEL_PRESETS}
-    assert {"fp16", "bf16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1",
-            "e8m0"} <= names
-    assert not _native.covers(np.zeros(1, np.float64), PRESETS["e4m3"], "nearest_even")  # float32 only
+    assert {"fp16", "bf16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0"} <= names
+    for dtype in (np.float64, np.int8, np.uint64):
+        assert {f.name for f in PRESETS.values() if _native.covers(dtype, f)} == names | {"fp32"}
+    assert _native.route(np.float32, PRESETS["e8m0"]) == (32, "working")  # float32 subnormals: the general path
+    assert _native.route(np.float32, PRESETS["bf16"], "stochastic", rand_bits=40) == (64, "float32")
+    assert _native.route(np.float32, Format(9, 3)) == (64, "float32")  # values beyond float32
+    assert _native.route(np.float64, PRESETS["bf16"]) == (32, "float64")  # rounded to odd at float32's precision
+    assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
+    assert _native.route(np.float64, PRESETS["tf32"]) == (32, "float64")
+    assert _native.route(np.float64, PRESETS["fp32"]) == (64, "working")
+    assert not _native.covers(np.float64, PRESETS["fp64"]) and not _native.covers(np.float16, PRESETS["e4m3"])
 
 
-def _engine(x: np.ndarray, fmt: Format, rounding, saturate, flush_in, flush_out, codes: bool, rand_bits=None,
-            draws=None):
+def _options(rounding, saturate, flush_in, flush_out, rand_bits):
+    return dict(rounding=rounding, saturate=saturate, flush_inputs=flush_in, flush_outputs=flush_out,
+                rand_bits=rand_bits if rounding == "stochastic" else None)
+
+
+def _engine(x, fmt: Format, codes: bool, key=KEY, **options):
     ops = _arrays.Ops(x)
-    extra = dict(rand_bits=rand_bits, random_ints=draws.astype(np.int64)) if rounding == "stochastic" else {}
-    values = round_bits(x, fmt, ops, rounding=rounding, saturate=saturate, flush_inputs=flush_in,
-                        flush_outputs=flush_out, **extra)
+    stochastic = options["rounding"] == "stochastic"
+    if x.dtype.kind in "iu":  # the engine's integer path: float64, rounded to odd beyond 2^53, or the oracle
+        values = _quantize_engine(x, None, PRESETS["fp64"], fmt, ops, options, key if stochastic else None)
+    else:
+        values = round_bits(x, fmt, ops, stream=philox.Stream(key) if stochastic else None, **options)
     return _pack(values, fmt, ops).astype(code_dtype(fmt)) if codes else values
 
 
-def _kernel(x: np.ndarray, fmt: Format, rounding, saturate, flush_in, flush_out, codes: bool, rand_bits=None,
-            draws=None):
-    extra = dict(rand_bits=rand_bits, draws=draws) if rounding == "stochastic" else {}
-    return _native.run(x, fmt, rounding=rounding, saturate=saturate, flush_inputs=flush_in,
-                       flush_outputs=flush_out, codes=codes, **extra)
+def _kernel(x, fmt: Format, codes: bool, key=KEY, **options):
+    return _native.run(x, fmt, key=key, codes=codes, values_dtype=x.dtype if x.dtype.kind == "f" else None,
+                       **options)
 
 
 def _code_inputs(x: np.ndarray, fmt: Format) -> np.ndarray:
@@ -86,7 +114,7 @@ def _code_inputs(x: np.ndarray, fmt: Format) -> np.ndarray:
     no zeros if also without zero (those round to NaN, which encode refuses)."""
     if fmt.has_nan:
         return x
-    keep = ~np.isnan(x)
+    keep = ~np.isnan(x) if x.dtype.kind == "f" else np.ones(x.shape, dtype=bool)
     if not fmt.signed:
         keep &= ~(np.signbit(x) & (x != 0))
     if not fmt.zero:
@@ -94,92 +122,96 @@ def _code_inputs(x: np.ndarray, fmt: Format) -> np.ndarray:
     return x[keep]
 
 
-def _draws(n: int, rand_bits, seed: int) -> np.ndarray:
-    """Uniform draws for stochastic rounding, with the extremes over-represented."""
-    r = rand_bits or _FLOAT32_RAND_BITS
-    rng = np.random.default_rng(seed)
-    d = rng.integers(0, 1 << r, size=n, dtype=np.int64)
-    pick = rng.random(n)
-    d[pick < 0.05] = 0
-    d[(pick >= 0.05) & (pick < 0.1)] = (1 << r) - 1
-    return d.astype(np.uint32)
+def _bits(values: np.ndarray) -> np.ndarray:
+    return values.view(UINT[values.dtype.type]) if values.dtype.kind == "f" else values
 
 
-_FLOAT32_RAND_BITS = 26  # float32 input: 23 + 3 bits make stochastic rounding exact (the engine's default)
-
-
-def _compare(x, fmt, rounding, saturate, flush_in, flush_out, rand_bits=None, seed=0):
-    what = f"{fmt.name} {rounding} saturate={saturate} flush={flush_in, flush_out} rand_bits={rand_bits}: "
-    xc = _code_inputs(x, fmt)
-    draws = draws_c = None
-    if rounding == "stochastic":
-        draws, draws_c = _draws(len(x), rand_bits, seed), _draws(len(xc), rand_bits, seed + 1)
-    got = _kernel(x, fmt, rounding, saturate, flush_in, flush_out, False, rand_bits, draws)
-    assert got.dtype == np.float32
+def _compare(x, fmt, rounding, saturate, flush_in, flush_out, rand_bits=None, key=KEY):
+    if x.dtype == np.float32 and not PRESETS["fp32"].contains(fmt):
+        x = x.astype(np.float64)  # as quantize does: the format's values need float64
+    options = _options(rounding, saturate, flush_in, flush_out, rand_bits)
+    what = f"{fmt.name} {x.dtype} {options}: "
+    got = _kernel(x, fmt, False, key, **options)
     # NaN bits: both sides produce the canonical NaN, so compare the raw bits (payload and sign too)
-    expected = _engine(x, fmt, rounding, saturate, flush_in, flush_out, False, rand_bits, draws)
-    assert_same_codes(got.view(np.uint32), expected.view(np.uint32), what=what)
-    got_c = _kernel(xc, fmt, rounding, saturate, flush_in, flush_out, True, rand_bits, draws_c)
-    assert got_c.dtype == code_dtype(fmt)
-    assert_same_codes(got_c, _engine(xc, fmt, rounding, saturate, flush_in, flush_out, True, rand_bits, draws_c),
-                      what="codes " + what)
+    assert_same_codes(_bits(got), _bits(_engine(x, fmt, False, key, **options)), what=what)
+    xc = _code_inputs(x, fmt)
+    got_codes = _kernel(xc, fmt, True, key, **options)
+    assert got_codes.dtype == code_dtype(fmt)
+    assert_same_codes(got_codes, _engine(xc, fmt, True, key, **options), what="codes " + what)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS, ids=fmt_id)
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
-def test_kernel_matches_numpy_engine_on_every_bit_pattern_class(fmt, rounding):
-    x = _bit_pattern_inputs(seed=40)
+def test_kernel_matches_numpy_engine_on_every_bit_pattern_class(fmt, rounding, dtype):
+    x = _bit_pattern_inputs(seed=40, dtype=dtype, n_random=8_000 if dtype == np.float32 else 3_000)
     if fmt.bits <= 16:
-        x = np.concatenate([x, sweep_points(fmt, np.float32)[:: 1 if fmt.bits <= 8 else 17]])
+        x = np.concatenate([x, sweep_points(fmt, dtype)[:: 1 if fmt.bits <= 8 else 17]])
     for saturate in (False, True):
         for flush_in, flush_out in FLUSH:
             _compare(x, fmt, rounding, saturate, flush_in, flush_out)
 
 
-STOCHASTIC_RAND_BITS = [None, 1, 3, 8, 13, 23, 26]
-KERNEL_RAND_BITS_CASES = [None, 1, 8, 23]
+WIDE_FORMATS = [PRESETS["fp32"], PRESETS["tf32"], Format(8, 21, name="e8m21"),  # (float64 rounded to odd's edge) Format(11, 20, name="e11m20"), Format(9, 30, bias=300, name="e9m30_b300"),
+                Format(10, 51, nan="fn", name="e10m51fn"), Format(10, 6, signed=False, nan="none", name="e10m6u")]
 
 
+@pytest.mark.parametrize("fmt", WIDE_FORMATS, ids=fmt_id)
+@pytest.mark.parametrize("rounding", DETERMINISTIC + ("stochastic",))
+def test_kernel_matches_numpy_engine_for_formats_beyond_float32(fmt, rounding):
+    """float64 input into fp32, tf32 and custom formats up to binary64's range (and into e8m21, the widest
+    format for which float64 input is rounded to odd at float32's precision first)."""
+    assert _native.covers(np.float64, fmt)
+    x = _bit_pattern_inputs(seed=45, dtype=np.float64, n_random=4_000)
+    for saturate in (False, True):
+        for flush_in, flush_out in FLUSH[::3]:
+            _compare(x, fmt, rounding, saturate, flush_in, flush_out, rand_bits=None)
+
+
+STOCHASTIC_RAND_BITS = [None, 1, 3, 8, 13, 23, 26, 32, 33, 52]
+KERNEL_RAND_BITS_CASES = [None, 1, 8, 23, 40]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("fmt", KERNEL_PRESETS + KERNEL_CUSTOMS[:4], ids=fmt_id)
 @pytest.mark.parametrize("rand_bits", KERNEL_RAND_BITS_CASES)
-def test_kernel_stochastic_matches_numpy_engine_with_the_same_draws(fmt, rand_bits):
-    if not _native.covers(np.zeros(1, np.float32), fmt, "stochastic"):
-        pytest.skip("this build's kernel does not do stochastic rounding")
-    x = _bit_pattern_inputs(seed=44, n_random=3000)
+def test_kernel_stochastic_matches_numpy_engine_with_the_same_stream(fmt, rand_bits, dtype):
+    x = _bit_pattern_inputs(seed=44, dtype=dtype, n_random=3000 if dtype == np.float32 else 1500)
     if fmt.bits <= 16:
-        x = np.concatenate([x, sweep_points(fmt, np.float32)[:: 1 if fmt.bits <= 8 else 37]])
+        x = np.concatenate([x, sweep_points(fmt, dtype)[:: 1 if fmt.bits <= 8 else 37]])
     for saturate in (False, True):
         for i, (flush_in, flush_out) in enumerate(FLUSH):
-            _compare(x, fmt, "stochastic", saturate, flush_in, flush_out, rand_bits, seed=i)
+            _compare(x, fmt, "stochastic", saturate, flush_in, flush_out, rand_bits, key=KEY + i)
 
 
 @settings(deadline=None, max_examples=150,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(custom_formats(), st.sampled_from(DETERMINISTIC + ("stochastic",)), st.booleans(), st.sampled_from(FLUSH),
-       st.sampled_from(STOCHASTIC_RAND_BITS), st.integers(0, 2**32 - 1))
-def test_kernel_matches_numpy_engine_on_random_custom_formats(fmt, rounding, saturate, flush, rand_bits, seed):
-    if not _native.covers(np.zeros(1, np.float32), fmt, rounding):
+       st.sampled_from(STOCHASTIC_RAND_BITS), st.integers(0, 2**64 - 1), st.sampled_from([np.float32, np.float64]))
+def test_kernel_matches_numpy_engine_on_random_custom_formats(fmt, rounding, saturate, flush, rand_bits, key, dtype):
+    if not _native.covers(dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None):
         return
-    x = _bit_pattern_inputs(seed, n_random=2000)
+    x = _bit_pattern_inputs(key % 2**32, dtype, n_random=1000)
     if len(x):
-        _compare(x, fmt, rounding, saturate, *flush, rand_bits=rand_bits, seed=seed)
+        _compare(x, fmt, rounding, saturate, *flush, rand_bits=rand_bits, key=key)
 
 
 @pytest.mark.parametrize("fmt", [Format(3, 2, bias=0, signed=False, nan="fn"),
                                  Format(2, 1, bias=0, signed=False, subnormals=False)], ids=fmt_id)
 def test_kernel_negative_inputs_of_unsigned_formats_with_flush(fmt):
-    assert fmt.min_normal > 1 and _native.covers(np.zeros(1, np.float32), fmt, "nearest_even")
-    x = np.array([-2.0, -3.0, -100.0, 2.0], dtype=np.float32)
-    _compare(x, fmt, "nearest_even", False, True, False)
+    assert fmt.min_normal > 1 and _native.covers(np.float32, fmt)
+    for dtype in (np.float32, np.float64):
+        x = np.array([-2.0, -3.0, -100.0, 2.0, -0.5, 0.5], dtype=dtype)
+        for flush_in, flush_out in FLUSH:
+            _compare(x, fmt, "nearest_even", False, flush_in, flush_out)
 
 
 def test_kernel_encode_refuses_zero_for_formats_without_zero_and_nan():
     fmt = CUSTOM_FORMATS["e3m0_unsigned_nozero"]
     assert not fmt.zero and not fmt.has_nan
-    with pytest.raises(ValueError):
-        encode(np.array([0.0], dtype=np.float64), fmt)  # the engine refuses
-    with pytest.raises(ValueError):
-        encode(np.array([0.0], dtype=np.float32), fmt)  # the kernel must too
+    for dtype in (np.float32, np.float64, np.int32):
+        with pytest.raises(ValueError):
+            encode(np.array([0], dtype=dtype), fmt)
 
 
 @pytest.mark.parametrize("fmt", [Format(4, 3, bias=142, nan="fn"), Format(1, 0, bias=128, nan="fnuz",
@@ -187,61 +219,153 @@ def test_kernel_encode_refuses_zero_for_formats_without_zero_and_nan():
                          ids=fmt_id)
 def test_kernel_formats_below_float32_min_normal(fmt):
     """Formats whose max lies below float32's min normal: float32 input gives the float64 answer
-    (the kernel leaves them to the numpy engine)."""
+    (the kernel's float64 path)."""
     assert fmt.max < 2.0**-126
     x = np.array([1e-39, 3e-40, float(fmt.max)], dtype=np.float32)
     assert_same_bits(quantize(x, fmt), quantize(x.astype(np.float64), fmt), inputs=x)
 
 
+# ------------------------------------------------------------ integers
+INTEGER_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+INTEGER_FORMATS = ["e4m3", "e5m2", "e2m1", "bf16", "fp16", "tf32", "fp32", "e8m0", "e4m3fnuz"]
+
+
+def _integer_inputs(dtype, seed: int) -> np.ndarray:
+    """Every edge of the dtype: 0, +-1, min, max, powers of two +-1 and +-2 (2^53 included), random values."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(seed)
+    points = {0, 1, 2, 3, info.max, info.max - 1, info.min, info.min + 1}
+    for e in range(1, info.bits):
+        for delta in (-1, 0, 1, 3):
+            points |= {2**e + delta, -(2**e) - delta}
+    points |= {int(v) for v in rng.integers(info.min, info.max, size=200, dtype=dtype, endpoint=True)}
+    if info.bits == 64:  # beyond 2^53: at and around ties of the formats with the most mantissa bits
+        points |= {(int(v) << s) + d for v in rng.integers(1, 2**11, size=12) for s in (52, 53) for d in (-1, 0, 1)}
+    values = sorted(p for p in points if info.min <= p <= info.max)
+    return np.array(values, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES, ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name", INTEGER_FORMATS)
+def test_kernel_rounds_integers_like_the_engine(dtype, name):
+    fmt = PRESETS[name]
+    x = _integer_inputs(dtype, seed=7)
+    for rounding in DETERMINISTIC + ("stochastic",):
+        _compare(x, fmt, rounding, rounding in ("nearest_even", "up"), False, rounding == "down")
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name", ["e4m3", "bf16", "fp32", "tf32"])
+@pytest.mark.parametrize("rounding", DETERMINISTIC + ("stochastic",))
+def test_integers_beyond_2_53_match_the_oracle(dtype, name, rounding):
+    """Integers beyond 2^53 (the kernel's general path; the engine rounds to odd or asks the oracle):
+    each result is exact.round_value of the integer, U from the stream for stochastic rounding."""
+    fmt = PRESETS[name]
+    x = _integer_inputs(dtype, seed=8)
+    x = x[np.abs(x.astype(np.float64)) >= 2.0**52]
+    got = quantize(x, fmt, rounding, seed=KEY if rounding == "stochastic" else None)
+    expected = [exact.round_value(int(v), fmt, rounding,
+                                  random_fraction=reference_fraction(KEY, i, 3) if rounding == "stochastic" else None)
+                for i, v in enumerate(x)]
+    assert_same_bits(got, np.array(expected), nan_sign=False, inputs=x)
+
+
+# ---------------------------------------------------- the general path's ties
+def _tied_inputs(dtype, n: int):
+    """Inputs whose dropped fraction f starts with the element's own first word of U and goes on, so
+    that U's second word decides (probability 2^-32 otherwise), and the indices that hold them.
+    float64 into bf16 (45 dropped bits): 1 + (w0 2^13 + t) 2^-52, f = w0 / 2^32 + t / 2^45, at every
+    index. float32 far below fp16's min normal (33 dropped bits): (2 w0 + 1) 2^-57, f = (2 w0 + 1) /
+    2^33, at the indices whose w0 has 23 bits (the significand has 24)."""
+    words = np.array([reference_word(KEY, i, 0) for i in range(n)], dtype=np.int64)
+    if dtype == np.float64:
+        t = 1 + (np.arange(n) * 2654435761) % (2**13 - 1)
+        return 1.0 + (words * 2**13 + t) * 2.0**-52, np.arange(n)
+    x = np.full(n, 0.3, dtype=np.float32)
+    tied = np.flatnonzero((words >= 2**22) & (words < 2**23))
+    x[tied] = ((2 * words[tied] + 1) * 2.0**-57).astype(np.float32)
+    return x, tied
+
+
+@pytest.mark.parametrize("dtype,name", [(np.float64, "bf16"), (np.float32, "fp16")], ids=["float64-bf16", "float32-fp16"])
+def test_stochastic_ties_read_the_next_word_like_the_oracle(dtype, name):
+    fmt = PRESETS[name]
+    x, tied = _tied_inputs(dtype, 64 if dtype == np.float64 else 40_000)
+    assert len(tied) >= 16
+    got = quantize(x, fmt, "stochastic", seed=KEY)
+    expected = [exact.round_value(float(x[i]), fmt, "stochastic", random_fraction=reference_fraction(KEY, int(i), 4))
+                for i in tied]
+    assert_same_bits(got[tied], np.array(expected), inputs=x[tied])
+    assert_same_bits(got, _engine(x, fmt, False, KEY, **_options("stochastic", False, False, False, None)), inputs=x)
+
+
 # ------------------------------------------------ through the public API
 @pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=fmt_id)
-def test_quantize_and_encode_of_float32_use_the_kernel_bits(fmt):
-    """quantize/encode on float32 numpy arrays (the kernel) == the numpy engine, and == quantize of the same
-    values as float64 (which never takes the kernel)."""
+def test_quantize_and_encode_use_the_kernel_bits(fmt):
+    """quantize/encode on float32 and float64 numpy arrays (the kernel) == the numpy engine, and the
+    float32 answers == those of the same values as float64 (single rounding from the exact value)."""
     x = _bit_pattern_inputs(seed=41, n_random=5000)
     x = x[codable(x, fmt)]  # quantize refuses the others (the kernel itself is compared above)
-    for rounding in DETERMINISTIC:
+    for rounding in DETERMINISTIC + ("stochastic",):
+        seed = KEY if rounding == "stochastic" else None
+        options = _options(rounding, False, False, False, None)
         for saturate in (False, True):
-            got = quantize(x, fmt, rounding, saturate)
+            options["saturate"] = saturate
+            got = quantize(x, fmt, rounding, saturate, seed)
             assert got.dtype == np.float32
-            assert_same_codes(got.view(np.uint32),
-                              _engine(x, fmt, rounding, saturate, False, False, False).view(np.uint32))
-            assert_same_bits(got, quantize(x.astype(np.float64), fmt, rounding, saturate), inputs=x)
+            assert_same_codes(got.view(np.uint32), _engine(x, fmt, False, **options).view(np.uint32))
+            wide = quantize(x.astype(np.float64), fmt, rounding, saturate, seed)
+            assert wide.dtype == np.float64
+            assert_same_bits(got, wide, inputs=x)
             xc = _code_inputs(x, fmt)
-            assert_same_codes(encode(xc, fmt, rounding, saturate),
-                              _engine(xc, fmt, rounding, saturate, False, False, True))
-            assert_same_codes(encode(xc, fmt, rounding, saturate), encode(xc.astype(np.float64), fmt, rounding,
-                                                                          saturate))
+            codes = encode(xc, fmt, rounding, saturate, seed)
+            assert_same_codes(codes, _engine(xc, fmt, True, **options))
+            assert_same_codes(codes, encode(xc.astype(np.float64), fmt, rounding, saturate, seed))
 
 
 def test_non_contiguous_and_multidimensional_input():
     x = _bit_pattern_inputs(seed=42, n_random=4096)[:4096].reshape(64, 64)
     view = x[::2, ::3]
-    got = quantize(view, "e4m3")
-    assert got.shape == view.shape
-    assert_same_codes(got.view(np.uint32),
-                      _engine(np.ascontiguousarray(view), PRESETS["e4m3"], "nearest_even", False, False,
-                              False, False).view(np.uint32))
+    options = _options("nearest_even", False, False, False, None)
+    for dtype in (np.float32, np.float64):
+        v = view.astype(dtype)[:, ::-1]
+        got = quantize(v, "e4m3")
+        assert got.shape == v.shape
+        assert_same_bits(got, _engine(np.ascontiguousarray(v), PRESETS["e4m3"], False, **options))
+        # stochastic: element (i, j) draws the words of its C-order index, whatever the memory layout
+        s = quantize(v, "e4m3", "stochastic", seed=3)
+        assert_same_bits(s, quantize(np.ascontiguousarray(v), "e4m3", "stochastic", seed=3))
 
 
 def test_float16_input_encodes_through_the_kernel_like_the_engine():
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    options = _options("nearest_even", False, False, False, None)
     for name in ("e4m3", "e5m2", "bf16"):
         xc = _code_inputs(x.astype(np.float32), PRESETS[name]).astype(np.float16)
-        assert_same_codes(encode(xc, name), _engine(xc.astype(np.float32), PRESETS[name], "nearest_even",
-                                                    False, False, False, True))
+        assert_same_codes(encode(xc, name), _engine(xc.astype(np.float32), PRESETS[name], True, **options))
 
 
 @requires_torch
 @pytest.mark.parametrize("fmt", KERNEL_PRESETS, ids=fmt_id)
 def test_torch_cpu_tensors_go_through_the_kernel(fmt):
     x = _bit_pattern_inputs(seed=43, n_random=5000)
-    x = x[codable(x, fmt)]
-    t = torch.from_numpy(x)
-    for rounding in DETERMINISTIC:
-        got = quantize(t, fmt, rounding)
-        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.device.type == "cpu"
-        expected = round_bits(t, fmt, _arrays.Ops(t), rounding=rounding, saturate=False)  # torch engine
-        assert_same_codes(got.numpy().view(np.uint32), expected.numpy().view(np.uint32))
-        assert_same_codes(got.numpy().view(np.uint32), _kernel(x, fmt, rounding, False, False, False,
-                                                               False).view(np.uint32))
+    x = x[codable(x, fmt)]  # quantize refuses the others (the kernel itself is compared above)
+    for dtype in (torch.float32, torch.float64):
+        t = torch.from_numpy(x).to(dtype)
+        for rounding in DETERMINISTIC + ("stochastic",):
+            seed = KEY if rounding == "stochastic" else None
+            got = quantize(t, fmt, rounding, seed=seed)
+            assert isinstance(got, torch.Tensor) and got.dtype == dtype and got.device.type == "cpu"
+            options = _options(rounding, False, False, False, None)
+            expected = round_bits(t, fmt, _arrays.Ops(t), stream=philox.Stream(KEY) if seed else None, **options)
+            assert_same_bits(got.numpy(), expected.numpy())  # the torch engine
+            assert_same_bits(got.numpy(), quantize(t.numpy(), fmt, rounding, seed=seed))
+
+
+@requires_torch
+def test_torch_integer_tensors_go_through_the_kernel():
+    x = _integer_inputs(np.int64, seed=9)
+    for rounding in ("nearest_even", "stochastic"):
+        got = quantize(torch.from_numpy(x), "bf16", rounding, seed=KEY)
+        assert got.dtype == torch.float64
+        assert_same_bits(got.numpy(), quantize(x, "bf16", rounding, seed=KEY))

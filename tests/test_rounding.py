@@ -41,7 +41,7 @@ from fpsim.rounding import ROUNDING_MODES, quantize
 
 from foundation_helpers import (BYTE_PRESETS, CUSTOM_FORMATS, as_float64, assert_same_bits, custom_formats, expected_nan_sign,
                       fmt_id, format_inputs, codable, oracle, oracle_finite_values, preset_formats,
-                      random_inputs, requires_torch, sweep_points, torch)
+                      random_inputs, reference_fraction, requires_torch, sweep_points, torch)
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 ML_FORMATS = list(BYTE_PRESETS) + ["fp16", "bf16"]  # all have an ml_dtypes/numpy type
@@ -540,6 +540,36 @@ def test_integer_arrays_round_from_their_exact_value(dtype):
             assert_same_bits(got, expected, nan_sign=False, what=f"{fmt} {rounding}: ")
             small = np.array([abs(int(v)) <= 2**53 for v in x])  # beyond: see the xfail test below
             _nan_sign_checked(got[small], x[small], get_format(fmt))
+
+
+BIG_INTEGERS = [2**53 + 1, 2**53 + 3, 2**54 + 2, 2**60 + 1, 2**63 - 1, 3 * 2**52 + 1, (2**24 + 1) << 38,
+                (2**24 + 1) << 38 | 1, (2**8 + 1) << 47, ((2**8 + 1) << 47) + 1, 2**62 + 2**61 + 2**9 + 1]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_engine_rounds_integers_beyond_2_53_from_their_exact_value(backend):
+    """The engine without the kernel: beyond 2^53 an integer is rounded to odd at 53 bits, then to
+    the format (deterministic modes, at most 50 mantissa bits), or rounded by the oracle itself
+    (stochastic rounding: U from the same stream; 51 or more mantissa bits). Values at and next to
+    the ties of fp32 and bf16 included."""
+    from fpsim import _arrays
+    from fpsim.rounding import _quantize_engine
+
+    if backend == "torch" and torch is None:
+        pytest.skip("torch is not installed")
+    values = BIG_INTEGERS + [-v for v in BIG_INTEGERS] + [-(2**63), 7, -3, 0]
+    x = np.array(values, dtype=np.int64)
+    array = torch.from_numpy(x) if backend == "torch" else x
+    ops = _arrays.Ops(array)
+    key = 0x5EED
+    for name in ("fp32", "tf32", "bf16", "e4m3", "fp16", "fp64"):
+        for rounding in ROUNDING_MODES:
+            options = dict(rounding=rounding, saturate=False, rand_bits=None, flush_inputs=False, flush_outputs=False)
+            got = _quantize_engine(array, None, PRESETS["fp64"], get_format(name), ops, options,
+                                   key if rounding == "stochastic" else None)
+            u = [reference_fraction(key, i, 3) if rounding == "stochastic" else None for i in range(len(x))]
+            expected = [exact.round_value(v, name, rounding, random_fraction=ui) for v, ui in zip(values, u)]
+            assert_same_bits(as_float64(got), np.array(expected), nan_sign=False, what=f"{name} {rounding}: ")
 
 
 def test_big_negative_integer_overflow_nan_keeps_sign():

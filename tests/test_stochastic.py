@@ -1,12 +1,15 @@
 """Stochastic rounding: single draws against the exact oracle, neighbours only, unbiasedness,
-rand_bits truncation, seeds and generators.
+rand_bits truncation, far below the spacing, seeds and generators, the same bits everywhere.
 
-Single draws: the engine's round_bits takes the random integers (random_ints)
-that decide each rounding; it rounds a magnitude up when draw + (position of
-the input between its neighbours, as an r-bit integer T) carries out of r bits,
-i.e. when k >= 2^r - T. The oracle exact.round_value rounds up when a uniform
-u in [0, 1) is below the position. Both are exact stochastic rounding; draw k
-is the oracle's u = (2^r - 1 - k) / 2^r (then k >= 2^r - T <=> u * 2^r < T).
+Single draws: the engine's round_bits reads each element's uniform U = 0.w0 w1 w2 ... (32-bit
+words, from a stream: Philox, or here words the test chooses) and rounds a magnitude away from
+zero when U < f, f the exact fraction of the spacing it lies beyond its lower neighbour (f
+truncated to r bits with rand_bits=r). The oracle exact.round_value does the same from its
+definition with random_fraction u = U (here exactly the 96 bits of the three chosen words, the
+rest 0). Words are chosen at random, at the extremes, and equal to f's own leading words, so
+that the engine has to read further words (which a random U does with probability 2^-32).
+End to end: quantize(x, seed=s) is held to the oracle with U computed by an independent Philox
+(foundation_helpers.reference_word, itself held to Random123's known answers in test_philox.py).
 
 Statistical tests use Chernoff bounds (valid for every p and sample size, no
 normal approximation): for X ~ Binomial(n, p), mu = n p,
@@ -28,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fpsim import _arrays, exact
+from fpsim import _arrays, _native, exact, philox
 from fpsim.formats import Format, format as get_format
 from fpsim.rounding import quantize, round_bits
 
-from foundation_helpers import (assert_same_bits, as_float64, custom_formats, format_inputs,
-                      preset_formats, random_inputs, requires_torch, torch)
+from foundation_helpers import (assert_same_bits, as_float64, custom_formats, format_inputs, preset_formats,
+                                random_inputs, reference_fraction, reference_word, requires_torch, torch)
 
 ALPHA_TOTAL = 1e-6
 N_CHECKS = 200  # upper bound on the number of binomial checks made in this file
@@ -66,72 +69,75 @@ def _working_dtype(fmt: Format, dtype):
     return dtype if (dtype is np.float64 or fits) else np.float64
 
 
-def _far_below_quantum(fmt: Format, x: np.ndarray) -> np.ndarray:
-    """Inputs more than P + 3 bits below the format's spacing at their magnitude (P: the input's
-    mantissa bits): the engine clips its shift there, see test_stochastic_far_below_the_quantum."""
-    P = 23 if x.dtype == np.float32 else 52
-    info = np.finfo(x.dtype)
-    out = np.zeros(x.shape, dtype=bool)
-    for i, v in enumerate(x):
-        v = float(v)
-        if not math.isfinite(v) or v == 0:
-            continue
-        a = abs(Fraction(v))
-        lsb = max(exact.floor_log2(a), int(np.log2(info.tiny))) - P
-        q = exact.floor_log2(exact.quantum(fmt, a))
-        out[i] = q - lsb > P + 3
-    return out
+class GivenWords:
+    """A stream of chosen words: words[j][i] is word j of element i's U; deeper words are 0."""
+
+    def __init__(self, words, like):
+        self.torch = _arrays.is_torch(like)
+        self.words_ = [self._array(w) for w in words]
+
+    def _array(self, w):
+        return torch.tensor(w, dtype=torch.int64) if self.torch else np.array(w, dtype=np.int64)
+
+    def _depth(self, depth: int, n: int):
+        return self.words_[depth] if depth < len(self.words_) else self._array([0] * n)
+
+    def leading_words(self, depth, n, ops):
+        return self._depth(depth, n)[:n]
+
+    def words(self, depth, index, ops):
+        return self._depth(depth, len(self.words_[0]))[index]
 
 
-def _engine_draw(x: np.ndarray, fmt: Format, draws, rand_bits, saturate, flush_in, flush_out, backend):
-    if backend == "torch":
-        w = torch.from_numpy(x)
-        ints = torch.tensor(draws, dtype=torch.int64)
-    else:
-        w, ints = x, np.array(draws, dtype=np.int64)
+def _position_words(x: float, fmt: Format, rand_bits) -> tuple[int, int, int]:
+    """The first three 32-bit words of f (the exact position of |x| between its neighbours),
+    truncated to rand_bits when given."""
+    _, _, p = exact.stochastic_neighbours(x, fmt)
+    if rand_bits is not None:
+        p = Fraction(math.floor(p * 2**rand_bits), 2**rand_bits)
+    scaled = math.floor(p * 2**96)
+    return scaled >> 64, (scaled >> 32) & 0xFFFFFFFF, scaled & 0xFFFFFFFF
+
+
+@st.composite
+def _u_words(draw, x: float, fmt: Format, rand_bits):
+    """Three words of U for input x: random, extreme, or equal to f's leading words (and off by one)."""
+    finite = math.isfinite(x) and (x != 0 or not fmt.zero)
+    kind = draw(st.sampled_from(["random", "extreme", "tie", "tie", "tie2"] if finite else ["random"]))
+    word = st.integers(0, 2**32 - 1)
+    if kind == "random":
+        return draw(word), draw(word), draw(word)
+    if kind == "extreme":
+        return tuple(draw(st.sampled_from([0, 1, 2**31, 2**32 - 1])) for _ in range(3))
+    d0, d1, d2 = _position_words(x, fmt, rand_bits)
+    nudge = draw(st.sampled_from([-1, 0, 0, 1]))
+    if kind == "tie":
+        return d0, min(max(d1 + nudge, 0), 2**32 - 1), draw(word)
+    return d0, d1, min(max(d2 + nudge, 0), 2**32 - 1)
+
+
+def _engine_draw(x: np.ndarray, fmt: Format, words, rand_bits, saturate, flush_in, flush_out, backend):
+    w = torch.from_numpy(x) if backend == "torch" else x
     return round_bits(w, fmt, _arrays.Ops(w), rounding="stochastic", saturate=saturate, rand_bits=rand_bits,
-                      flush_inputs=flush_in, flush_outputs=flush_out, random_ints=ints)
+                      flush_inputs=flush_in, flush_outputs=flush_out, stream=GivenWords(words, w))
 
 
 def _check_single_draws(data, fmt, dtype, backend):
     dtype = _working_dtype(fmt, dtype)
     x = data.draw(format_inputs(fmt, dtype))
     saturate, flush_in, flush_out = data.draw(st.tuples(st.booleans(), st.booleans(), st.booleans()))
-    x = x[~_far_below_quantum(fmt, x)]
     if len(x) == 0:
         return
     rand_bits = data.draw(st.one_of(st.none(), st.integers(1, 8), st.integers(9, 52)))
-    r = rand_bits if rand_bits is not None else (23 if dtype is np.float32 else 52) + 3
-    top = (1 << r) - 1
-    k_strategy = st.one_of(st.integers(0, top), st.sampled_from([0, 1, top, top - 1, 1 << (r - 1),
-                                                               (1 << (r - 1)) - 1]))
-    draws = data.draw(st.lists(k_strategy, min_size=len(x), max_size=len(x)))
-    got = _engine_draw(x, fmt, draws, rand_bits, saturate, flush_in, flush_out, backend)
+    per_element = [data.draw(_u_words(float(v), fmt, rand_bits)) for v in x]
+    words = [list(ws) for ws in zip(*per_element)]
+    got = _engine_draw(x, fmt, words, rand_bits, saturate, flush_in, flush_out, backend)
     expected = [exact.round_value(float(v), fmt, "stochastic", saturate, flush_subnormal_inputs=flush_in,
                                   flush_subnormal_outputs=flush_out, rand_bits=rand_bits,
-                                  random_fraction=Fraction(top - k, 1 << r)) for v, k in zip(x, draws)]
+                                  random_fraction=Fraction((w0 << 64) | (w1 << 32) | w2, 2**96))
+                for v, (w0, w1, w2) in zip(x, per_element)]
     assert_same_bits(got, np.array(expected), nan_sign=False, inputs=x,
-                     what=f"{fmt.name} rand_bits={rand_bits} draws={draws}: ")
-
-
-@settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), preset_formats, st.sampled_from([np.float32, np.float64]))
-def test_single_draws_match_the_oracle_presets(data, fmt, dtype):
-    _check_single_draws(data, fmt, dtype, "numpy")
-
-
-@settings(deadline=None, max_examples=250,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(st.data(), custom_formats(), st.sampled_from([np.float32, np.float64]))
-def test_single_draws_match_the_oracle_custom_formats(data, fmt, dtype):
-    _check_single_draws(data, fmt, dtype, "numpy")
-
-
-@requires_torch
-@settings(deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), preset_formats, st.sampled_from([np.float32, np.float64]))
-def test_single_draws_match_the_oracle_torch(data, fmt, dtype):
-    _check_single_draws(data, fmt, dtype, "torch")
+                     what=f"{fmt.name} rand_bits={rand_bits} words={per_element}: ")
 
 
 # --------------------------------------------------- neighbours only
@@ -308,3 +314,100 @@ def test_fresh_entropy_without_seed():
 def test_deterministic_modes_ignore_seed():
     x = np.linspace(-3, 3, 1000, dtype=np.float32)
     assert_same_bits(quantize(x, "e4m3", "nearest_even", seed=1), quantize(x, "e4m3", "nearest_even"))
+
+
+# ------------------------------------------------- far below the spacing, exactly
+FAR_BELOW = [  # (format, input, dtype): f = |x| / spacing far below 2^-26 (float32) and 2^-55 (float64)
+    ("fp16", 2.0**-60, np.float32), ("e4m3", 2.0**-100, np.float32), ("e5m2", 2.0**-149, np.float32),
+    ("fp16", 2.0**-100, np.float64), ("e4m3", 3 * 2.0**-900, np.float64), ("bf16", 2.0**-1074, np.float64),
+    ("e5m2", 1e-300, np.float64), ("e3m2", 3 * 2.0**-140, np.float32),
+]
+
+
+@pytest.mark.parametrize("name,x,dtype", FAR_BELOW, ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_far_below_the_spacing_rounds_up_exactly_when_u_is_below_f(name, x, dtype, backend):
+    """P(up) = f exactly however small: U just below f rounds up, U = f or just above does not."""
+    if backend == "torch" and torch is None:
+        pytest.skip("torch is not installed")
+    fmt = get_format(name)
+    low, high, p = exact.stochastic_neighbours(x, fmt)
+    assert low == 0 and 0 < p < Fraction(1, 2**26)
+    scale = 2 ** (32 * 40)  # U to 40 words: enough below every f here
+    f_words = math.floor(p * scale)
+    cases = {f_words - 1: high, f_words: low if f_words == p * scale else high, f_words + 1: low, 0: high}
+    for u, expected in cases.items():
+        words = [[(u >> (32 * (39 - j))) & 0xFFFFFFFF] for j in range(40)]
+        arr = np.array([x], dtype=dtype)
+        got = _engine_draw(arr, fmt, words, None, False, False, False, backend)
+        assert as_float64(got)[0] == expected, (u, p)
+        assert exact.round_value(x, fmt, "stochastic", random_fraction=Fraction(u, scale)) == expected
+
+
+# ------------------------------------------------------- the same bits everywhere
+SEED = 0x9E3779B97F4A7C15
+
+
+def _mixed_inputs(n: int, seed: int) -> np.ndarray:
+    x = random_inputs(n, np.float32, seed=seed)
+    return x[np.isfinite(x)]
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e2m1", "bf16", "fp16", "e8m0"])
+def test_seed_draws_follow_the_documented_stream(name):
+    """quantize(x, seed=s)[i] is the oracle's rounding of x[i] with U = Philox word(s, i, 0..2)
+    (an independent Philox: foundation_helpers.reference_word), for float32 and float64 input."""
+    fmt = get_format(name)
+    x = _mixed_inputs(600, seed=50)
+    if not fmt.signed:
+        x = np.abs(x)
+    for dtype in (np.float32, np.float64):
+        got = as_float64(quantize(x.astype(dtype), fmt, "stochastic", seed=SEED))
+        expected = [exact.round_value(float(v), fmt, "stochastic", random_fraction=reference_fraction(SEED, i, 3))
+                    for i, v in enumerate(x)]
+        assert_same_bits(got, np.array(expected), nan_sign=False, inputs=x)
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m1", "bf16", "fp16", "tf32", "e8m0"])
+@pytest.mark.parametrize("rand_bits", [None, 4, 20, 40])
+def test_a_seed_gives_the_same_bits_everywhere(name, rand_bits):
+    """numpy float32 and float64, the compiled kernel or the numpy engine, torch CPU tensors (and
+    CUDA tensors where a GPU is present): one seed, one result."""
+    fmt = get_format(name)
+    x = _mixed_inputs(20_000, seed=51)
+    if not fmt.signed:
+        x = np.abs(x)
+    reference = quantize(x, fmt, "stochastic", seed=SEED, rand_bits=rand_bits)
+    assert_same_bits(quantize(x.astype(np.float64), fmt, "stochastic", seed=SEED, rand_bits=rand_bits), reference)
+    engine = round_bits(x, fmt, _arrays.Ops(x), rounding="stochastic", saturate=False, rand_bits=rand_bits,
+                        stream=philox.Stream(SEED))
+    assert_same_bits(engine, reference)
+    if torch is not None:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        for device in devices:
+            t = torch.from_numpy(x).to(device)
+            assert_same_bits(quantize(t, fmt, "stochastic", seed=SEED, rand_bits=rand_bits).cpu().numpy(), reference)
+            engine_t = round_bits(t, fmt, _arrays.Ops(t), rounding="stochastic", saturate=False, rand_bits=rand_bits,
+                                  stream=philox.Stream(SEED))
+            assert_same_bits(engine_t.cpu().numpy(), reference)
+
+
+def test_generator_draws_the_key():
+    """generator=g takes the key from g (two 32-bit draws, low word first) and so advances it."""
+    x = _mixed_inputs(5000, seed=52)
+    low, high = np.random.default_rng(11).integers(0, 2**32, size=2, dtype=np.uint64)
+    expected = quantize(x, "e4m3", "stochastic", seed=int(low) | int(high) << 32)
+    assert_same_bits(quantize(x, "e4m3", "stochastic", generator=np.random.default_rng(11)), expected)
+    if torch is not None:
+        words = torch.randint(0, 2**32, (2,), generator=torch.Generator().manual_seed(11), dtype=torch.int64)
+        t = quantize(torch.from_numpy(x), "e4m3", "stochastic", generator=torch.Generator().manual_seed(11))
+        assert_same_bits(t.numpy(), quantize(x, "e4m3", "stochastic", seed=int(words[0]) | int(words[1]) << 32))
+
+
+@pytest.mark.skipif(not _native.available(), reason="the compiled kernel is not built")
+def test_the_kernel_and_the_engine_agree_on_integers():
+    x = np.arange(-3000, 3000, dtype=np.int32) * 7
+    kernel = quantize(x, "e4m3", "stochastic", seed=SEED)
+    engine = round_bits(x.astype(np.float64), get_format("e4m3"), _arrays.Ops(x.astype(np.float64)),
+                        rounding="stochastic", saturate=False, stream=philox.Stream(SEED))
+    assert_same_bits(kernel, engine)
