@@ -264,7 +264,7 @@ class Ops:
         """x converted to the dtype named `dtype` ('float64', 'float32', 'int16', ...)."""
         if self.torch:
             return x.to(getattr(self._torch, dtype))
-        return np.asarray(x).astype(dtype)
+        return np.asarray(x).astype(dtype, copy=False)
 
     def as_dtype_of(self, x, fmt: Format):
         """x in the native dtype that holds `fmt` (torch dtype, or numpy/ml_dtypes type)."""
@@ -292,6 +292,15 @@ class Ops:
 
     def concat(self, parts, axis: int = 0):
         return self._torch.cat(list(parts), axis) if self.torch else np.concatenate(list(parts), axis)
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the arrays live in host memory (numpy, or CPU tensors): the compiled kernel's reach."""
+        return not self.torch or self.device.type == "cpu"
+
+    def flat_nonzero(self, mask):
+        """Indices of the true elements of a 1-d mask, as an int64 array of this backend."""
+        return mask.nonzero().reshape(-1) if self.torch else np.flatnonzero(mask)
 
     def to_host(self, x) -> np.ndarray:
         """A numpy array of x's values (a copy from the device for tensors)."""

@@ -42,9 +42,9 @@ def available() -> bool:
 
 NO_KERNEL_WARNING = (
     "fpsim's compiled rounding kernel is not built (fpsim was installed without a C compiler), so "
-    "quantize() and encode() run on the numpy engine: the same bits, but about 100 to 350 times slower "
-    "on float32 input (measured in docs/speed.md). Install a C compiler and the Python headers (Debian: "
-    "apt install gcc python3-dev) and reinstall fpsim to build it.")
+    "quantize() and encode() run on the numpy engine: the same bits, but hundreds of times slower "
+    "(150 to 850 times on 200,000 values, benchmarks/bench_engine.py, docs/speed.md). Install a C compiler "
+    "and the Python headers (Debian: apt install gcc python3-dev) and reinstall fpsim to build it.")
 _warned = []
 
 

@@ -69,9 +69,7 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
     values = round_array(array, fmt, options)
     ops = _arrays.Ops(values)
     codes = _pack(_as_working(values, fmt, ops), fmt, ops)
-    if ops.torch:
-        return accepted.give_back(codes.to(code_dtype(fmt, torch=True)))
-    return accepted.give_back(codes.astype(code_dtype(fmt)))
+    return accepted.give_back(ops.astype(codes, np.dtype(code_dtype(fmt)).name))
 
 
 def _encode_native(array, fmt: Format, options: RoundingOptions):
@@ -112,10 +110,7 @@ def decode(codes, fmt: "str | Format | None" = None):
 # ---------------------------------------------------------------- packing
 def _as_working(values, fmt, ops):
     wide = not PRESETS["fp32"].contains(fmt)  # e.g. a custom format reaching below 2^-149
-    if ops.torch:
-        torch = _arrays._torch
-        return values.to(torch.float64 if wide else torch.float32)
-    return values.astype(np.float64 if wide else np.float32)
+    return ops.astype(values, "float64" if wide else "float32")
 
 
 def _pack(work, fmt: Format, ops):
@@ -205,10 +200,7 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
 
 
 def _empty_float(ints, width, ops):
-    if ops.torch:
-        torch = _arrays._torch
-        return torch.empty(ints.shape, dtype=torch.float64 if width == 64 else torch.float32, device=ints.device)
-    return np.empty(ints.shape, dtype=np.float64 if width == 64 else np.float32)
+    return ops.zeros(ints.shape, "float64" if width == 64 else "float32")
 
 
 def _check_codes(codes, fmt: Format):

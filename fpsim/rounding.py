@@ -142,20 +142,17 @@ def round_array(array, fmt: Format, options: RoundingOptions):
     result = _quantize_native(array, in_fmt, out_fmt, fmt, ops, engine, key)
     if result is None:
         result = _quantize_engine(array, in_fmt, out_fmt, fmt, ops, engine, key)
-    return _to_result_dtype(result, out_fmt, ops)
+    return ops.as_dtype_of(result, out_fmt)
 
 
 def _quantize_native(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, key):
     """The compiled kernel's values for numpy arrays and CPU tensors, or None where it does not apply."""
+    if not ops.on_host:
+        return None
     if not _native.available():
-        if not ops.torch or array.device.type == "cpu":
-            _native.warn_once_without_kernel()
+        _native.warn_once_without_kernel()
         return None
-    if ops.torch and array.device.type != "cpu":
-        return None
-    host = _working_values(array, out_fmt, ops) if in_fmt is not None else array
-    if ops.torch:
-        host = host.numpy()
+    host = ops.to_host(_working_values(array, out_fmt, ops) if in_fmt is not None else array)
     rand_bits = options["rand_bits"] if options["rounding"] == "stochastic" else None
     if not _native.covers(host.dtype, fmt, options["rounding"], rand_bits):
         return None
@@ -163,7 +160,7 @@ def _quantize_native(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, 
     result = _native.run(host, fmt, rounding=options["rounding"], saturate=options["saturate"],
                          flush_inputs=options["flush_inputs"], flush_outputs=options["flush_outputs"],
                          rand_bits=options["rand_bits"], key=key, codes=False, values_dtype=values_dtype)
-    return _arrays._torch.from_numpy(result) if ops.torch else result
+    return ops.from_host(result)
 
 
 def _quantize_engine(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, key):
@@ -181,10 +178,7 @@ def _quantize_engine(array, in_fmt, out_fmt: Format, fmt: Format, ops, options, 
 def _working_values(array, out_fmt: Format, ops):
     """The float input as float32 or float64 holding exactly the same values."""
     wide = out_fmt.exp_bits > 8 or out_fmt.man_bits > 23
-    if ops.torch:
-        torch = _arrays._torch
-        return array.to(torch.float64 if wide else torch.float32)
-    return array.astype(np.float64 if wide else np.float32, copy=False)
+    return ops.astype(array, "float64" if wide else "float32")
 
 
 def _integers_as_float64(array, fmt: Format, rounding: str, ops):
@@ -197,7 +191,7 @@ def _integers_as_float64(array, fmt: Format, rounding: str, ops):
     the exact value: those integers (and Python ints beyond 64 bits) go to the oracle. Object
     arrays hold Python ints, and floats beside them (from a list such as [0.5, 2**70]).
     """
-    values = array.cpu().numpy() if ops.torch else np.asarray(array)
+    values = ops.to_host(array)
     limit = 2**53
     if values.dtype == object:
         flat = values.ravel()
@@ -216,9 +210,7 @@ def _integers_as_float64(array, fmt: Format, rounding: str, ops):
             work[big] = _odd_rounded(values[big])
             if rounding == "stochastic" or fmt.man_bits > 50:
                 exact = big
-    if ops.torch:
-        work = _arrays._torch.from_numpy(work).to(array.device)
-    return work, (exact if exact is not None and exact.any() else None)
+    return ops.from_host(work), (exact if exact is not None and exact.any() else None)
 
 
 def _odd_rounded(values: np.ndarray) -> np.ndarray:
@@ -242,8 +234,8 @@ def _round_big_integers(array, result, exact, fmt, options, ops, stream):
 
     from .exact import round_value
 
-    values = array.cpu().numpy() if ops.torch else np.asarray(array)
-    rounded = (result.cpu().numpy() if ops.torch else np.asarray(result)).copy()
+    values = ops.to_host(array)
+    rounded = ops.to_host(result).copy()
     flat_values, flat_rounded = values.reshape(-1), rounded.reshape(-1)
     host = _arrays.Ops(flat_rounded)
     for i in np.flatnonzero(exact.reshape(-1)):
@@ -264,16 +256,7 @@ def _round_big_integers(array, result, exact, fmt, options, ops, stream):
         if flat_rounded[i] != flat_rounded[i]:  # the engine's NaN sign convention (see _nan_like)
             negative = (value < 0 or fmt.nan == "fnuz") and fmt.signed
             flat_rounded[i] = -np.nan if negative else np.nan
-    if ops.torch:
-        return _arrays._torch.from_numpy(rounded).to(result.device)
-    return rounded
-
-
-def _to_result_dtype(result, out_fmt: Format, ops):
-    if ops.torch:
-        return result.to(out_fmt.torch_dtype)
-    target = np.dtype(out_fmt.ml_dtype)
-    return result if result.dtype == target else result.astype(target)
+    return ops.from_host(rounded)
 
 
 class Parts(NamedTuple):
@@ -357,11 +340,11 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         # (drop_all is the true count: a value far below the spacing has a tiny fraction)
         up = _stochastic_up(dropped, drop_all, rand_bits, stream, ops)
     if rounding == "odd":
-        n = keep | inexact.to(keep.dtype) if ops.torch else keep | inexact
+        n = keep | ops.astype(inexact, "int64")
     elif up is None:
         n = keep
     else:
-        n = keep + (up.to(keep.dtype) if ops.torch else up)
+        n = keep + ops.astype(up, "int64")
 
     # value = n * 2^q, exact in the working dtype (or Inf beyond it); overflow is value > max
     magnitude = ops.to_float(n, w) * _pow2(q, w, ops, width)
@@ -416,7 +399,7 @@ def _stochastic_up(dropped, count, rand_bits, stream, ops):
     depth = 0
     while bool(tie.any()):  # probability 2^-32 per element and word
         depth += 1
-        index = tie.nonzero()[0] if not ops.torch else tie.nonzero().reshape(-1)
+        index = ops.flat_nonzero(tie)
         word = stream.words(depth, index, ops)
         digit, more = _fraction_digit(dropped[index], count[index], depth, ops)
         up[index] = word < digit
