@@ -101,9 +101,15 @@ class PolicyKernels:
         def kernel(keyset, *args, **kwargs):
             if kept_in is not None and self.current_module() in kept_in:
                 return self._apply("fp32", name, op, args, kwargs)
-            if rule is None:           # an op kept elsewhere: what autocast does with it here (nothing)
-                return op.redispatch(keyset & self._below, *args, **kwargs)
-            return self._apply(rule, name, op, args, kwargs)
+            if rule is not None:
+                return self._apply(rule, name, op, args, kwargs)
+            # an op kept elsewhere: on to the kernels below autocast, as autocast's fallthrough does
+            if _numbers_for_tensors(op, args, kwargs):
+                # the Python boundary turned a wrapped scalar into a number, which redispatch cannot take;
+                # such an elementwise op calls no op autocast would act on, so skipping autocast is the same
+                with torch._C._ExcludeDispatchKeyGuard(self._exclude):
+                    return op(*args, **kwargs)
+            return op.redispatch(keyset & self._below, *args, **kwargs)
 
         return kernel
 
@@ -129,6 +135,15 @@ def _kept_by_op(kept_ops: dict) -> dict:
         for name in names:
             kept.setdefault(name, set()).update(modules)
     return kept
+
+
+def _numbers_for_tensors(op, args, kwargs) -> bool:
+    """Whether a Tensor argument of the schema came as a Python number."""
+    for i, argument in enumerate(op._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(argument.name)
+        if str(argument.type) == "Tensor" and isinstance(value, (bool, int, float, complex)):
+            return True
+    return False
 
 
 def _with_defaults(op, args, kwargs) -> tuple:

@@ -33,6 +33,7 @@ class TensorScale:
         self.fp8_max = float(self.format.max)
         self.history: list = []          # 0-dim float32 amaxes, oldest first
         self.scale = None                # the scale the next cast uses (delayed scaling)
+        self.used = None                 # the scale the last cast used
 
     def cast(self, x):
         """(x's FP8 values as float32, the inverse scale): x * scale rounded to the format, saturating."""
@@ -44,6 +45,7 @@ class TensorScale:
         else:
             scale = self.scaling.scale(amax.reshape(1), self.fp8_max, self.scale)
         values = quantize(x.detach().to(_FP32) * scale, self.format, saturate=True)
+        self.used = scale
         self.history = (self.history + [amax])[-self.scaling.history_len:]
         self.scale = self.scaling.scale(torch.stack(self.history), self.fp8_max, scale) \
             if self.scaling.delayed else scale

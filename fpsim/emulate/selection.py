@@ -30,14 +30,12 @@ class Selection:
     kept_modules: set = dataclasses.field(default_factory=set)
     kept_ops: dict = dataclasses.field(default_factory=dict)
     layers: set | None = None
+    not_fp8: set = dataclasses.field(default_factory=set)     # modules run in the base format, not in FP8
 
-    def keeps_module(self, name: str) -> bool:
-        """Whether a module, or one it lies in, is kept in FP32."""
-        return any(_within(name, kept) for kept in self.kept_modules)
-
-    def emulates_module(self, name: str) -> bool:
-        """Whether a module lies in the emulated layers (all, when no layers are named)."""
-        return self.layers is None or any(_within(name, layer) for layer in self.layers)
+    def runs_fp8(self, name: str) -> bool:
+        """Whether an FP8 recipe runs linear layer `name` in FP8: emulated, not kept, not excluded."""
+        return (self.layers is None or any(_within(name, layer) for layer in self.layers)) \
+            and not any(_within(name, other) for other in self.kept_modules | self.not_fp8)
 
 
 def _within(name: str, outer: str) -> bool:

@@ -29,7 +29,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from ..trace import Tracer
+from ..trace import OUTSIDE, Tracer
 from . import recipes
 from .autocast import PolicyKernels
 from .compute import FP32Compute
@@ -91,7 +91,6 @@ class Emulation:
         if layers is not None:
             self.selection.layers = set()
             self._names.select(layers, "layers", self.selection, "layers")
-        self.fp8_excluded: set = set()       # modules kept out of FP8 (by a report) but run in the base format
         report_scale = self._apply_report(from_report) if from_report is not None else None
         self.loss_scale = _check_loss_scale(loss_scale if loss_scale is not None else report_scale)
         self.device = device
@@ -122,10 +121,13 @@ class Emulation:
             scale = advice.loss_scale
         if isinstance(self.recipe, recipes.FP8Recipe):
             for fmt in dict.fromkeys(recipes.FORMATS[self.recipe.format]):
-                advice = read_report(path, fmt)
-                for name in advice.fp32:
-                    if ":" not in name:     # FP8 applies to linear layers: their ops stay with them
-                        self.fp8_excluded.add(self._names.module(name, "from_report"))
+                for name in read_report(path, fmt).fp32:     # a layer, or an op of a linear layer: not in FP8
+                    module, _, op = name.rpartition(":") if ":" in name else (name, "", "")
+                    if module == OUTSIDE:
+                        continue
+                    module = self._names.module(module, "from_report")
+                    if not op or isinstance(self._names.modules[module], torch.nn.Linear):
+                        self.selection.not_fp8.add(module)
         return scale
 
     def _check_device(self):
@@ -190,7 +192,7 @@ class Emulation:
             elif selection.layers is not None and name in selection.layers and self.low is not None:
                 self._hook(stack, module, self._enter_layer, self._leave_layer)
             if isinstance(self.recipe, recipes.FP8Recipe) and isinstance(module, torch.nn.Linear) \
-                    and self._runs_fp8(name):
+                    and selection.runs_fp8(name):
                 self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(name, self.recipe, self._fp8_gemm)
                 self._hook(stack, module, self._enter_fp8, self._leave_fp8)
         if self.loss_scale is not None:
@@ -199,11 +201,6 @@ class Emulation:
                     stack.callback(param.register_hook(self._unscale).remove)
         stack.callback(register_optimizer_step_pre_hook(self._before_step).remove)
         stack.callback(register_optimizer_step_post_hook(self._after_step).remove)
-
-    def _runs_fp8(self, name: str) -> bool:
-        selection = self.selection
-        return not selection.keeps_module(name) and selection.emulates_module(name) \
-            and not any(name == n or name.startswith(n + ".") for n in self.fp8_excluded)
 
     @staticmethod
     def _hook(stack, module, before, after):
