@@ -27,6 +27,9 @@ GEMMS = ("mm", "addmm", "bmm", "baddbmm")
 """Matrix products a tensor-core `gemm` computes (everything else that multiplies matrices
 decomposes into these before it reaches the dispatch mode, convolutions apart)."""
 
+_FUSED_PRODUCTS = ("conv", "attention", "rnn", "lstm", "gru")
+"""Name parts of ops that multiply matrices inside one kernel (convolutions, fused attention, RNNs)."""
+
 _EXACT = frozenset((
     "_to_copy", "copy_", "clone", "detach", "alias", "lift_fresh", "_unsafe_view", "cat", "stack", "index",
     "index_select", "gather", "masked_fill", "masked_fill_", "where", "embedding", "slice_backward",
@@ -53,9 +56,14 @@ class FP32Compute(TorchDispatchMode):
         super().__init__()
         self.gemm = gemm
         self.unemulated: set = set()    # names of ops run by torch in the low format (no meta kernel)
+        self.unmodelled: set = set()    # matrix-multiplying ops the gemm does not model (FP32 accumulation)
         self._passing: dict = {}         # op -> whether it passes through
         self._written: dict = {}         # op -> (positions, names) of the arguments it writes
         self._dtypes: dict = {}          # (op, argument signature) -> output dtypes, or None
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -91,6 +99,8 @@ class FP32Compute(TorchDispatchMode):
         name = func._schema.name.split("::")[-1]
         if self.gemm is not None and name in GEMMS:
             out = self.gemm(name, wide_args, wide_kwargs, low)
+        elif self.gemm is not None and any(part in name for part in _FUSED_PRODUCTS):
+            self.unmodelled.add(name)
         if out is None:
             out = func(*wide_args, **wide_kwargs)
         originals = {}

@@ -162,10 +162,28 @@ class Emulation:
         stack, self._exit = self._exit, None
         if stack is not None:
             stack.close()
-        if self._compute is not None and self._compute.unemulated:
+        compute = self._compute
+        if compute is not None and compute.unemulated:
             self.notes.append("ran by torch in the low format (no meta kernel to type their outputs): "
-                              + ", ".join(sorted(self._compute.unemulated)))
+                              + ", ".join(sorted(compute.unemulated)))
+        if compute is not None and compute.unmodelled:
+            self.notes.append(f"accumulated in FP32, not on the {self.device} tensor-core model (only matrix "
+                              f"products are modelled): " + ", ".join(sorted(compute.unmodelled)))
         return False
+
+    def summary(self) -> dict:
+        """What ran how: recipe, options, steps, losses, notes, and each FP8 layer's last scales (JSON-ready)."""
+        fp8 = {name: {role: {"format": state.format.name, "scale": None if state.used is None else state.used.item(),
+                             "amax": None if not state.history else state.history[-1].item()}
+                      for role, state in (("input", layer.input), ("weight", layer.weight),
+                                          ("grad_output", layer.grad_output))}
+               for name, layer in self.fp8_layers.items()}
+        selection = self.selection
+        return {"recipe": self.name, "device": self.device, "policy": self.policy, "loss_scale": self.loss_scale,
+                "master_weights": self.master_weights, "kept_modules": sorted(selection.kept_modules),
+                "kept_ops": {op: sorted(modules) for op, modules in sorted(selection.kept_ops.items())},
+                "layers": None if selection.layers is None else sorted(selection.layers),
+                "steps": self.steps, "losses": list(self.losses), "notes": list(self.notes), "fp8_layers": fp8}
 
     def _enter(self, stack):
         model, selection = self.model, self.selection
@@ -273,8 +291,9 @@ class Emulation:
             grads = grads + [None] * (len(roots) - len(grads))
         if len(roots) == 1 and roots[0].numel() == 1:
             self.losses.append(float(roots[0].detach()))
-        if self.loss_scale is not None:
-            grads = [(torch.ones_like(r) if g is None else g) * self.loss_scale for r, g in zip(roots, grads)]
+        if self.loss_scale is not None:        # (a gradient left implicit for a non-scalar root stays an error)
+            grads = [g if g is None and r.numel() != 1 else (torch.ones_like(r) if g is None else g) * self.loss_scale
+                     for r, g in zip(roots, grads)]
             if func is torch.Tensor.backward:
                 bound["gradient"] = grads[0]
             else:

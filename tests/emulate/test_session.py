@@ -334,3 +334,25 @@ def test_compare_gives_each_recipes_loss_curve_from_the_same_start():
     assert [run.recipe for run in runs.values()] == ["fp32", "bf16", "fp16"]
     assert all(len(run.losses) == 3 and run.steps == 3 for run in runs.values())
     assert runs["bf16"].losses[0] != runs["fp32"].losses[0]
+
+
+def test_matrix_products_the_tensor_core_model_does_not_cover_are_named():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    with fpsim.emulate(net, "bf16", device="h100") as em:
+        net(torch.randn(2, 3, 8, 8)).sum().backward()
+    (note,) = em.notes
+    assert note.startswith("accumulated in FP32, not on the h100 tensor-core model") and "convolution" in note
+
+
+def test_the_summary_says_what_ran_how():
+    import json
+
+    cfg = TINY["bf16"]
+    _, em = emulated(gpt(cfg), cfg, 2, "fp8", keep=["lm_head", "h.0.attn:mul"], loss_scale=4.0)
+    summary = json.loads(json.dumps(em.summary()))
+    assert summary["recipe"] == "fp8" and summary["steps"] == 2 and len(summary["losses"]) == 2
+    assert summary["kept_modules"] == ["lm_head"] and summary["kept_ops"] == {"mul": ["h.0.attn"]}
+    assert summary["loss_scale"] == 4.0 and summary["device"] is None and summary["policy"] == "cuda"
+    layer = summary["fp8_layers"]["h.0.mlp.c_fc"]
+    assert layer["grad_output"]["format"] == "e5m2"
+    assert layer["input"]["scale"] == em.fp8_layers["h.0.mlp.c_fc"].input.used.item()
