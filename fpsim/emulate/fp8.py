@@ -18,7 +18,6 @@ import torch
 
 from ..formats import format as get_format
 from ..rounding import quantize
-
 from .recipes import FORMATS
 
 _FP32 = torch.float32
@@ -55,9 +54,8 @@ class TensorScale:
 class FP8Layer:
     """The FP8 state of one linear layer: scales of its input, weight and output gradient, and its GEMMs."""
 
-    def __init__(self, name: str, recipe, gemm):
+    def __init__(self, recipe, gemm):
         forward, backward = FORMATS[recipe.format]
-        self.name = name
         self.input = TensorScale(recipe.scaling, forward)
         self.weight = TensorScale(recipe.scaling, forward)
         self.grad_output = TensorScale(recipe.scaling, backward)

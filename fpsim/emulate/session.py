@@ -211,7 +211,7 @@ class Emulation:
                 self._hook(stack, module, self._enter_layer, self._leave_layer)
             if isinstance(self.recipe, recipes.FP8Recipe) and isinstance(module, torch.nn.Linear) \
                     and selection.runs_fp8(name):
-                self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(name, self.recipe, self._fp8_gemm)
+                self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(self.recipe, self._fp8_gemm)
                 self._hook(stack, module, self._enter_fp8, self._leave_fp8)
         if self.loss_scale is not None:
             for param in model.parameters():

@@ -74,7 +74,7 @@ def _layer(fmt="hybrid", bias=True):
     x = torch.tensor([[1.0, 3.3]], requires_grad=True)
     w = torch.tensor([[0.5, 0.25], [0.25, 0.5]], requires_grad=True)
     b = torch.tensor([0.25, -0.5], requires_grad=True) if bias else None
-    return FP8Layer("layer", recipe, fp32_gemm), x, w, b
+    return FP8Layer(recipe, fp32_gemm), x, w, b
 
 
 def test_an_fp8_linear_layer_forward_by_hand():
