@@ -259,7 +259,75 @@ class Ops:
             return self._torch.tensor(value, dtype=like.dtype, device=self.device)
         return np.asarray(value, dtype=like.dtype)
 
+    # dtypes, shapes, host ----------------------------------------------
+    def astype(self, x, dtype: str):
+        """x converted to the dtype named `dtype` ('float64', 'float32', 'int16', ...)."""
+        if self.torch:
+            return x.to(getattr(self._torch, dtype))
+        return np.asarray(x).astype(dtype)
+
+    def as_dtype_of(self, x, fmt: Format):
+        """x in the native dtype that holds `fmt` (torch dtype, or numpy/ml_dtypes type)."""
+        if self.torch:
+            return x.to(fmt.torch_dtype)
+        target = np.dtype(fmt.ml_dtype)
+        return x if x.dtype == target else x.astype(target)
+
+    def check_same(self, x, name: str) -> None:
+        """TypeError unless `x` is of this backend (numpy with numpy, torch with torch)."""
+        if self.torch != is_torch(x):
+            raise TypeError(f"{name} must be the same array type as the first operand (numpy or torch)")
+
+    def array(self, x):
+        """x as this backend's array (np.asarray for numpy; a tensor as it is)."""
+        return x if self.torch else np.asarray(x)
+
+    def zeros(self, shape, dtype: str):
+        if self.torch:
+            return self._torch.zeros(tuple(shape), dtype=getattr(self._torch, dtype), device=self.device)
+        return np.zeros(tuple(shape), dtype=dtype)
+
+    def zeros_like(self, x):
+        return self._torch.zeros_like(x) if self.torch else np.zeros_like(x)
+
+    def concat(self, parts, axis: int = 0):
+        return self._torch.cat(list(parts), axis) if self.torch else np.concatenate(list(parts), axis)
+
+    def to_host(self, x) -> np.ndarray:
+        """A numpy array of x's values (a copy from the device for tensors)."""
+        return x.detach().cpu().numpy() if self.torch else np.asarray(x)
+
+    def from_host(self, array: np.ndarray):
+        """A host numpy array as this backend's array (on its device)."""
+        return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device) if self.torch else array
+
+    # reductions --------------------------------------------------------
+    def amax(self, x, axis: int = -1):
+        return x.amax(axis) if self.torch else x.max(axis)
+
+    def sum(self, x, axis: int = -1, dtype: str | None = None):
+        if self.torch:
+            return x.sum(axis, dtype=getattr(self._torch, dtype) if dtype else None)
+        return x.sum(axis, dtype=dtype)
+
     # elementwise helpers -----------------------------------------------
+    def trunc_(self, x):
+        """x truncated toward zero, in place."""
+        return self._torch.trunc(x, out=x) if self.torch else np.trunc(x, out=x)
+
+    def pow2(self, exponent, like):
+        """Exact 2^exponent (an integer array) in like's float dtype."""
+        if self.torch:
+            one = self._torch.ones((), dtype=like.dtype, device=like.device)
+            return self._torch.ldexp(one, exponent.to(like.dtype))
+        return np.ldexp(like.dtype.type(1), exponent.astype(np.int32))
+
+    def nextafter(self, x, toward):
+        if self.torch:
+            return self._torch.nextafter(x, toward if isinstance(toward, self._torch.Tensor) else
+                                         self._torch.full_like(x, toward))
+        return np.nextafter(x, np.asarray(toward, dtype=x.dtype))
+
     def where(self, cond, a, b):
         if self.torch:
             torch = self._torch

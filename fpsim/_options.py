@@ -112,7 +112,8 @@ def refuse_values_without_code(array, fmt: Format, flush_inputs: bool) -> None:
         def negative(v):
             below = v < 0
             if flush_inputs and fmt.zero and floating:
-                below &= ~(abs(v) < float(fmt.min_normal))
+                with np.errstate(over="ignore", under="ignore"):  # a bound beyond v's dtype compares right
+                    below &= ~(abs(v) < float(fmt.min_normal))
             return below
         checks.append((negative, f"{fmt.name} is unsigned; the input holds a negative value"))
     if not fmt.zero:

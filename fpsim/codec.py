@@ -31,16 +31,31 @@ def code_dtype(fmt: "str | Format", torch: bool = False):
 
 def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: bool = False,
            seed: int | None = None, *, generator=None, rand_bits: int | None = None,
-           flush_subnormal_inputs: bool = False, flush_subnormal_outputs: bool = False):
+           flush_subnormal_inputs: bool = False, flush_subnormal_outputs: bool = False, **block_options):
     """Round `x` into `fmt` (as `quantize` does, same options) and return the bit patterns.
 
     NaN becomes the format's canonical NaN; a format without NaN refuses it
     (ValueError), as it refuses negative values when it is unsigned. Codes
     carry no gradient: a tensor that requires grad is read detached.
+    A block format returns a `fpsim.block_codec.BlockEncoding` (.codes,
+    .scales, .tensor_scale); it also takes ``axis=`` and ``scale_rule=``.
     """
-    fmt = get_format(fmt)
+    if not isinstance(fmt, Format):  # a name, or a block format (one level up: fpsim.blocks)
+        from . import blocks
+        fmt = blocks.format(fmt)
     options = check_options(rounding, saturate, seed, generator, rand_bits, flush_subnormal_inputs,
                             flush_subnormal_outputs)
+    if not isinstance(fmt, Format):
+        from . import block_codec
+
+        if _arrays.is_torch(x):
+            x = x.detach()
+        return block_codec.encode(x, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits,
+                                  flush_subnormal_inputs=flush_subnormal_inputs,
+                                  flush_subnormal_outputs=flush_subnormal_outputs, **block_options)
+    if block_options:
+        raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
+                        f"block formats only)")
     accepted = _arrays.accept(x)
     array = accepted.array
     if _arrays.is_torch(array):
@@ -80,11 +95,15 @@ def _encode_native(array, fmt: Format, options: RoundingOptions):
                        codes=True, rand_bits=rand_bits, draws=draws)
 
 
-def decode(codes, fmt: "str | Format"):
+def decode(codes, fmt: "str | Format | None" = None):
     """The values of bit patterns of `fmt`: float32 when the format fits it, else float64.
 
-    A torch.float4_e2m1fn_x2 tensor (two E2M1 codes per byte, the first in the low
-    nibble) decodes to twice as many values along its last dimension."""
+    decode(encoding) takes what encode returned for a block format. A
+    torch.float4_e2m1fn_x2 tensor (two E2M1 codes per byte, the first in the
+    low nibble) decodes to twice as many values along its last dimension."""
+    if fmt is None:
+        from . import block_codec
+        return block_codec.decode(codes)
     fmt = get_format(fmt)
     accepted = _arrays.accept(codes)
     out_fmt = PRESETS["fp32"] if PRESETS["fp32"].contains(fmt) else PRESETS["fp64"]

@@ -45,6 +45,7 @@ def quantize(
     flush_subnormal_inputs: bool = False,
     flush_subnormal_outputs: bool = False,
     grad: str = "identity",
+    **block_options,
 ):
     """Round `x` to the nearest values of `fmt` under `rounding`; same array type and device back.
 
@@ -73,10 +74,20 @@ def quantize(
     The result dtype is the input's when it holds every value of `fmt`
     (float32 in, float32 out for FP8), else float32 or float64. Inputs that
     have no value in `fmt` (NaN for a format without NaN, ...) are refused.
+
+    Block formats (``"mxfp8_e4m3"``, ``"nvfp4"``, a `fpsim.BlockFormat`) go to
+    `fpsim.block_codec.quantize`, which also takes ``axis=`` and ``scale_rule=``.
     """
-    fmt = get_format(fmt)
+    if not isinstance(fmt, Format):  # a name, or a block format (one level up: fpsim.blocks)
+        from . import blocks
+        fmt = blocks.format(fmt)
     options = check_options(rounding, saturate, seed, generator, rand_bits, flush_subnormal_inputs,
                             flush_subnormal_outputs, grad)
+    if not isinstance(fmt, Format):
+        return _quantize_blocks(x, fmt, options, block_options)
+    if block_options:
+        raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
+                        f"block formats only)")
     accepted = _arrays.accept(x)
     array = accepted.array
     if _arrays.is_torch(array) and array.requires_grad:
@@ -87,6 +98,29 @@ def quantize(
             rounded = straight_through(array, rounded, fmt, options.grad)
         return accepted.give_back(rounded)
     return accepted.give_back(round_array(array, fmt, options))
+
+
+def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
+    """A block format's dequantised values (fpsim.block_codec), with quantize's gradient options."""
+    from . import block_codec
+
+    def blocked(values):
+        return block_codec.quantize(values, fmt, options.rounding, options.saturate, options.seed,
+                                    generator=options.generator, rand_bits=options.rand_bits,
+                                    flush_subnormal_inputs=options.flush_inputs,
+                                    flush_subnormal_outputs=options.flush_outputs, **block_options)
+
+    if not (_arrays.is_torch(x) and x.requires_grad):
+        return blocked(x)
+    rounded = blocked(x.detach())
+    if options.grad == "none" or not _arrays._torch.is_grad_enabled():
+        return rounded
+    if options.grad == "clipped":
+        raise ValueError(f"grad='clipped' needs one range for the whole tensor; {fmt.name} scales each block "
+                         f"(use grad='identity' or 'none')")
+    from ._autograd import straight_through
+
+    return straight_through(x, rounded, None, "identity")
 
 
 def round_array(array, fmt: Format, options: RoundingOptions):

@@ -22,7 +22,9 @@ The strategies (each documented below):
   subnormal range, plus ordinary floats;
 * `arrays(fmt, shape)`: numpy arrays of values of a format;
 * `dot_problems(inputs_format, k)`: (a, b, c) for dot products, with
-  cancellation, wide exponent spread and tiny products.
+  cancellation, wide exponent spread and tiny products;
+* `block_arrays(block_format)`: arrays for block formats (MX, NVFP4, ...),
+  biased to block-amax edges, ties of the scaled elements and partial blocks.
 
 Everything is built from integers (codes, exponents, positions on the
 format's grid), so hypothesis shrinks a failure towards simple values: 0,
@@ -55,7 +57,8 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
 from . import exact
 from .formats import NAN_ENCODINGS, PRESETS, Format, format as get_format
 
-__all__ = ["DotProblem", "arrays", "codes", "dot_problems", "formats", "rounding_inputs", "values"]
+__all__ = ["DotProblem", "arrays", "block_arrays", "codes", "dot_problems", "formats", "rounding_inputs",
+           "values"]
 
 
 # ------------------------------------------------------------ the grid
@@ -738,5 +741,77 @@ def dot_problems(inputs_format, k=None, *, output_format="fp32", batch=(), kinds
         b = np.array([g[1] for g in got], dtype=np.float64).reshape(batch + (size,))
         c = np.array([g[2] for g in got], dtype=np.float64).reshape(batch)
         return DotProblem(a, b, c)
+
+    return build()
+
+
+# ------------------------------------------------------------ block arrays
+def block_arrays(block_format, shape=None, *, dtype=np.float32, allow_nan: bool = True,
+                 allow_infinity: bool = True, exponents=None):
+    """Arrays where block quantisation (`fpsim.BlockFormat`, or a preset name) is delicate.
+
+    One exponent B is drawn per array (from `exponents`, default: 0, ±1, ±8,
+    ±40 and the ends of float32's range, then any); each element is then, in
+    shrink order: a grid point or midpoint of the element format (one more
+    mantissa bit) times 2^B, 2^(B - 1) or 2^(B - 5) (so a block's elements
+    sit on ties of its scale when its amax is in the top binade); the block
+    amax edges max_elem * 2^B and 2^(B + emax_elem + 1) (the binade where the
+    OCP rule saturates and a round-up rule moves) exactly or 1 ulp of
+    `dtype` away; zero; tiny values 2^(B - 40); NaN and ±Inf when allowed
+    (otherwise values beyond `dtype`'s range become its max).
+
+    shape: default: 1 or 2 dimensions whose blocked axes hold 1 element, a
+    block, a block and a bit, or two and a half blocks (partial blocks).
+    Values are rounded to `dtype` (float32 or float64).
+    """
+    from .blocks import format as get_block_format  # the format's facts only, never its engine
+
+    fmt = get_block_format(block_format)
+    dtype = _check_dtype(dtype)
+    _check_bool("allow_nan", allow_nan)
+    _check_bool("allow_infinity", allow_infinity)
+    finer = fmt.element_format
+    finer = Format(finer.exp_bits, finer.man_bits + 1, finer.bias, finer.signed, finer.infinities,
+                   "none" if finer.nan == "fn" else finer.nan, finer.subnormals, finer.zero)
+    points = sorted({abs(v) for v in exact.all_values(finer)} if finer.bits <= 16 else {1.0})
+    elem_max = float(fmt.element_max)
+    top_binade = 2.0 ** (fmt.emax_elem + 1)
+    low, high = (-149, 127) if dtype is np.float32 else (-1074, 1023)
+    if exponents is None:
+        exponents = st.one_of(st.sampled_from([0, 1, -1, 8, -8, 40, -40, -126, -133, 100, 120, 126]),
+                              st.integers(low + 10, high - 10))
+    if shape is None:
+        dims = len(fmt.block_shape)
+        side = [st.sampled_from(sorted({1, b, b + 1, max(b - 1, 1), 2 * b + b // 2})) for b in fmt.block_shape]
+        lead = st.lists(st.integers(1, 3), min_size=0, max_size=1 if dims == 1 else 0)
+        shape = st.tuples(lead, st.tuples(*side)).map(lambda p: tuple(p[0]) + p[1])
+
+    biggest = float(np.finfo(dtype).max)
+
+    def scaled(value, e):
+        with np.errstate(over="ignore", under="ignore"):
+            v = float(dtype(math.ldexp(value, e) if -1100 < e < 1100 else (0.0 if e < 0 else math.inf)))
+        return v if allow_infinity or not math.isinf(v) else biggest
+
+    @st.composite
+    def build(draw):
+        B = draw(exponents)
+        shp = draw(shape) if isinstance(shape, st.SearchStrategy) else tuple(shape)
+        edges = []
+        for v in (elem_max, top_binade):
+            x = dtype(scaled(v, B))
+            with np.errstate(over="ignore"):
+                above = float(np.nextafter(x, dtype(np.inf)))
+            edges += [float(x), float(np.nextafter(x, dtype(0))), scaled(above, 0)]
+        specials = [0.0, -0.0, scaled(1.0, B - 40)]
+        if allow_nan:
+            specials.append(math.nan)
+        if allow_infinity:
+            specials += [math.inf, -math.inf]
+        magnitude = st.one_of(
+            st.tuples(st.sampled_from(points), st.sampled_from([0, -1, -5])).map(lambda p: scaled(p[0], B + p[1])),
+            st.sampled_from(edges), st.sampled_from(specials))
+        element = st.tuples(magnitude, st.booleans()).map(lambda p: -p[0] if p[1] else p[0])
+        return draw(hnp.arrays(np.float64, shp, elements=element)).astype(dtype)
 
     return build()

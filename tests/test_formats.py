@@ -75,9 +75,11 @@ def test_preset_names_are_the_documented_ones():
 
 def test_public_api_names():
     import fpsim
-    from fpsim import codec, rounding
+    from fpsim import blocks, codec, rounding
 
-    assert fpsim.format is get_format and fpsim.Format is Format
+    # fpsim.format looks one level up (block formats too); element names give the plain Format
+    assert fpsim.format is blocks.format and fpsim.Format is Format
+    assert all(fpsim.format(name) is get_format(name) for name in PRESETS)
     assert fpsim.quantize is rounding.quantize
     assert fpsim.encode is codec.encode and fpsim.decode is codec.decode
     assert fpsim.format("E4M3") is PRESETS["e4m3"]

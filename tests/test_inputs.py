@@ -130,9 +130,9 @@ def test_every_bad_option_is_refused_on_every_input_kind(function, case, kind):
 
 
 def test_encode_takes_exactly_quantizes_options():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'flush'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'flush'"):
         encode(X.astype(np.float32), "e4m3", flush=True)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'grad'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'grad'"):
         encode(X.astype(np.float32), "e4m3", grad="none")  # codes have no gradient
 
 

@@ -124,20 +124,23 @@ def reference_dot(a, b, c=None, method: str = "exact"):
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     ops = _arrays.Ops(a)
-    a, b = _float64(a, ops), _float64(b, ops)
+    for operand, name in ((b, "b"), (c, "c")):
+        if operand is not None:
+            ops.check_same(operand, name)
+    a, b = ops.astype(a, "float64"), ops.astype(b, "float64")
     if tuple(a.shape) != tuple(b.shape) or a.ndim == 0:
         raise ValueError(f"a and b need the same shape with a last axis (K), got {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")
-    c = _zeros_like(a[..., 0], ops) if c is None else _float64(c, ops)
+    c = ops.zeros_like(a[..., 0]) if c is None else ops.astype(c, "float64")
     if tuple(c.shape) != tuple(a.shape[:-1]):
         raise ValueError(f"c must have shape {tuple(a.shape[:-1])}, got {tuple(c.shape)}")
     products = a * b
     if method == "exact":
         return _exact(products, c, ops)
-    p32, s = _float32(products, ops), _float32(c, ops)
+    p32, s = ops.astype(products, "float32"), ops.astype(c, "float32")
     if method == "pairwise":
-        return (_pairwise(p32) if p32.shape[-1] else _zeros_like(s, ops)) + s
-    compensation = _zeros_like(s, ops)
+        return (_pairwise(p32) if p32.shape[-1] else ops.zeros_like(s)) + s
+    compensation = ops.zeros_like(s)
     for k in range(p32.shape[-1]):
         if method == "fp32":
             s = s + p32[..., k]
@@ -150,8 +153,7 @@ def reference_dot(a, b, c=None, method: str = "exact"):
 
 
 def _exact(products, c, ops):
-    host_p = products.cpu().numpy() if ops.torch else products
-    host_c = c.cpu().numpy() if ops.torch else c
+    host_p, host_c = ops.to_host(products), ops.to_host(c)
     flat_p, flat_c = host_p.reshape(-1, host_p.shape[-1]), host_c.reshape(-1)
     nearest = np.empty(flat_c.shape)
     for i in range(flat_c.size):
@@ -163,7 +165,7 @@ def _exact(products, c, ops):
         # rounding boundary, so rounding it once more is exact.
         nearest[i] = hi if rest == 0 else math.nextafter(hi, math.copysign(math.inf, rest))
     result = np.asarray(quantize(nearest.reshape(host_c.shape), _FP32), dtype=np.float32)
-    return _arrays._torch.from_numpy(result).to(products.device) if ops.torch else result
+    return ops.from_host(result)
 
 
 def _pairwise(p32):
@@ -171,26 +173,5 @@ def _pairwise(p32):
     power of two)."""
     while p32.shape[-1] > 1:
         pairs = p32[..., 0:p32.shape[-1] - 1:2] + p32[..., 1::2]
-        p32 = _concat_last(pairs, p32[..., -1:] + 0.0) if p32.shape[-1] % 2 else pairs
+        p32 = _arrays.Ops(p32).concat([pairs, p32[..., -1:] + 0.0], -1) if p32.shape[-1] % 2 else pairs
     return p32[..., 0]
-
-
-# ------------------------------------------- backend operations _arrays.Ops lacks
-def _float64(x, ops):
-    if ops.torch != _arrays.is_torch(x):
-        raise TypeError("a, b and c must be the same array type (numpy or torch)")
-    return x.to(_arrays._torch.float64) if ops.torch else np.asarray(x, dtype=np.float64)
-
-
-def _float32(x, ops):
-    return x.to(_arrays._torch.float32) if ops.torch else x.astype(np.float32)
-
-
-def _zeros_like(x, ops):
-    return _arrays._torch.zeros_like(x) if ops.torch else np.zeros_like(x)
-
-
-def _concat_last(x, y):
-    if _arrays.is_torch(x):
-        return _arrays._torch.cat([x, y], -1)
-    return np.concatenate([x, y], -1)

@@ -39,7 +39,6 @@ import dataclasses
 
 import numpy as np
 
-from .. import _arrays
 from ..formats import PRESETS, Format
 from ..modes import check_rounding
 from ..rounding import quantize
@@ -174,7 +173,7 @@ def alignment_exponents(x, input_format: Format, ops):
     the format's emin, so a product's significand lies in [0, 4).
     """
     exponent = ops.clip(ops.floor_log2(x), lo=input_format.emin)  # (frexp reads 0 as 0.5 * 2^0: no warning)
-    return _as(ops.where(x != 0, exponent, ZERO_EXPONENT), "int16", ops)
+    return ops.astype(ops.where(x != 0, exponent, ZERO_EXPONENT), "int16")
 
 
 def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
@@ -191,18 +190,18 @@ def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
     the scale are smaller than the unit and truncate to zero); the sum of F + 1
     terms below 2^(window_bits + 3 + log2 F) is exact in float64.
     """
-    top = ops.maximum(_amax(exponents, ops), c_exponents)
+    top = ops.maximum(ops.amax(exponents), c_exponents)
     # (products of the input formats have exponents >= -252: a floor of -300 changes
     # nothing but keeps 2^(window - top) finite when every term is zero)
     top = ops.maximum(top, max(params.min_align_exp, -300))
-    shift = params.window_bits - _as(top, "int32", ops)
-    scale64 = _pow2(shift, c, ops)
+    shift = params.window_bits - ops.astype(top, "int32")
+    scale64 = ops.pow2(shift, c)
     if str(products.dtype).endswith("float32"):
-        scale = _pow2(ops.clip(shift, hi=PRESETS["fp32"].emax), products, ops)  # beyond: every product is 0
+        scale = ops.pow2(ops.clip(shift, hi=PRESETS["fp32"].emax), products)  # beyond: every product is 0
     else:
         scale = scale64
     products *= scale[..., None]  # in place: products(ks) made this array for this block
-    terms = _sum64(_trunc_in_place(products, ops), ops) + ops.trunc(c * scale64)
+    terms = ops.sum(ops.trunc_(products), dtype="float64") + ops.trunc(c * scale64)
     return round_sum(terms / scale64, params, ops)
 
 
@@ -220,40 +219,9 @@ def round_sum(total, params: BlockFMA, ops):
     return ops.where(beyond, ops.where(total > 0, float("inf"), float("-inf")), rounded)
 
 
-# ------------------------------------------- backend operations _arrays.Ops lacks
-def _as(x, dtype: str, ops):
-    return x.to(getattr(_arrays._torch, dtype)) if ops.torch else x.astype(dtype)
-
-
-def _amax(x, ops):
-    return x.amax(-1) if ops.torch else x.max(-1)
-
-
-def _trunc_in_place(x, ops):
-    return _arrays._torch.trunc(x, out=x) if ops.torch else np.trunc(x, out=x)
-
-
-def _sum64(x, ops):
-    return x.sum(-1, dtype=_arrays._torch.float64 if ops.torch else np.float64)
-
-
-def _pow2(exponent, like, ops):
-    """Exact 2^exponent (int array) in like's float dtype."""
-    if ops.torch:
-        one = _arrays._torch.ones((), dtype=like.dtype, device=like.device)
-        return _arrays._torch.ldexp(one, exponent.to(like.dtype))
-    return np.ldexp(like.dtype.type(1), exponent.astype(np.int32))
-
-
 def _binary32_toward_zero(total, ops):
     """float64 -> binary32 toward zero: the correctly rounded cast, stepped back when it rounded away."""
-    if ops.torch:
-        torch = _arrays._torch
-        near = total.to(torch.float32)
-        away = near.abs().to(torch.float64) > total.abs()
-        back = torch.nextafter(near, torch.zeros_like(near))
-        return torch.where(away, back, near).to(torch.float64)
     with np.errstate(over="ignore"):
-        near = total.astype(np.float32)
-    away = np.abs(near.astype(np.float64)) > np.abs(total)
-    return np.where(away, np.nextafter(near, np.float32(0)), near).astype(np.float64)
+        near = ops.astype(total, "float32")
+    away = abs(ops.astype(near, "float64")) > abs(total)
+    return ops.astype(ops.where(away, ops.nextafter(near, 0.0), near), "float64")

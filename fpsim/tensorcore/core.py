@@ -102,7 +102,7 @@ class TensorCore:
                 return a_rows[:, None, ks] * bw[None, :, ks], e_rows[:, None, ks] + eb[None, :, ks]
 
             parts.append(self._accumulate(products, K, c64[r0:r0 + rows], ops, finite))
-        return self._result(_concat_rows(parts, ops), ops)
+        return self._result(ops.concat(parts), ops)
 
     # ------------------------------------------------------------ helpers
     def _operands(self, a64, b64, ops):
@@ -113,7 +113,7 @@ class TensorCore:
         for x, fmt in ((a64, self.inputs), (b64, self.inputs_b)):
             if not self.params.subnormal_inputs:  # a data path that flushes subnormal inputs
                 x = ops.where(abs(x) < float(fmt.min_normal), x * 0, x)
-            work = x if self.inputs.exp_bits > 5 else _float32(x, ops)
+            work = x if self.inputs.exp_bits > 5 else ops.astype(x, "float32")
             out.append((work, alignment_exponents(x, fmt, ops)))
         finite = all(bool((abs(work) < float("inf")).all()) for work, _ in out)
         return out[0], out[1], finite
@@ -123,16 +123,15 @@ class TensorCore:
 
     def _checked(self, x, fmt: Format, name: str, ops):
         """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`."""
-        if ops.torch != _arrays.is_torch(x):
-            raise TypeError(f"{name} must be the same array type as the first operand (numpy or torch)")
-        array = x if ops.torch else np.asarray(x)
+        ops.check_same(x, name)
+        array = ops.array(x)
         if self.round_inputs is not None:
             array = quantize(array, fmt, self.round_inputs)
-        values = _float64(array, ops)
+        values = ops.astype(array, "float64")
         rounded = quantize(values, fmt, "nearest_even")
         same = (rounded == values) | ((rounded != rounded) & (values != values))
         if not bool(same.all()):
-            bad = np.argwhere(~(same.cpu().numpy() if ops.torch else same))[0]
+            bad = np.argwhere(~ops.to_host(same))[0]
             value = float(values[tuple(bad)])
             raise ValueError(f"{name}[{', '.join(map(str, bad))}] = {value!r} is not a {fmt.name} value; round the "
                              f"inputs first (fpsim.quantize) or pass round_inputs='nearest_even'")
@@ -140,29 +139,11 @@ class TensorCore:
 
     def _c_values(self, c, shape, ops, like):
         if c is None:
-            if ops.torch:
-                return _arrays._torch.zeros(shape, dtype=_arrays._torch.float64, device=like.device)
-            return np.zeros(shape, dtype=np.float64)
+            return ops.zeros(shape, "float64")
         c64 = self._checked(c, self.output, "c", ops)
         if tuple(c64.shape) != tuple(shape):
             raise ValueError(f"c must have shape {tuple(shape)}, got {tuple(c64.shape)}")
         return c64
 
     def _result(self, out, ops):
-        fmt = self.epilogue or self.output
-        if ops.torch:
-            return out.to(fmt.torch_dtype)
-        return np.asarray(out).astype(fmt.ml_dtype)
-
-
-# ------------------------------------------- backend operations _arrays.Ops lacks
-def _float64(x, ops):
-    return x.to(_arrays._torch.float64) if ops.torch else np.asarray(x, dtype=np.float64)
-
-
-def _float32(x, ops):
-    return x.to(_arrays._torch.float32) if ops.torch else x.astype(np.float32)
-
-
-def _concat_rows(parts, ops):
-    return _arrays._torch.cat(parts) if ops.torch else np.concatenate(parts)
+        return ops.as_dtype_of(ops.array(out), self.epilogue or self.output)
