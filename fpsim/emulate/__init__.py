@@ -6,7 +6,7 @@ the package is callable so that ``fpsim.emulate(model, recipe)`` and
 torch until an emulation starts.
 
     session     the context manager: what runs how while the block is entered
-    recipes     the recipes (AutocastRecipe, FP8Recipe) and FP8 scaling (DelayedScaling, CurrentScaling)
+    recipes     the recipes (AutocastRecipe, FP8Recipe); FP8 scaling is fpsim.recipes' (re-exported here)
     policy      torch.autocast's op lists and casting rules, per device type
     autocast    applies one device type's policy on another through torch's Autocast key
     compute     fp16/bf16 ops computed in FP32 and rounded once (a dispatch mode)
@@ -22,12 +22,12 @@ import importlib
 import sys
 import types
 
-from .recipes import AutocastRecipe, CurrentScaling, DelayedScaling, FP8Recipe
+from .recipes import AutocastRecipe, BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe, PerChannelScaling
 
 _LAZY = {"Emulation": "session", "run": "runs", "compare": "runs", "Run": "runs"}
 
-__all__ = ["AutocastRecipe", "CurrentScaling", "DelayedScaling", "Emulation", "FP8Recipe", "Run", "compare",
-           "emulate", "run"]
+__all__ = ["AutocastRecipe", "BlockScaling", "CurrentScaling", "DelayedScaling", "Emulation", "FP8Recipe",
+           "PerChannelScaling", "Run", "compare", "emulate", "run"]
 
 
 def emulate(model, recipe, **options):

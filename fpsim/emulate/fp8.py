@@ -1,69 +1,80 @@
-"""FP8 training as TransformerEngine runs it: per-tensor scales, FP8 GEMM inputs, high-precision rest.
+"""FP8 training as TransformerEngine runs it: scaled FP8 GEMM inputs, high-precision rest.
 
 Every GEMM of an FP8 linear layer (forward, and the data and weight gradients of backward)
-takes its inputs in FP8: each tensor is multiplied by its per-tensor scale in float32,
-rounded to the FP8 format with saturation (fpsim.quantize; CUDA's SATFINITE conversion),
-the GEMM accumulates the FP8 values in float32 (or on a tensor-core model), and the result is
-multiplied by the two inverse scales (as cuBLASLt's A and B scale factors). The gradient
-passes the quantisation straight through, as TransformerEngine's FP8 Linear does; the bias
-gradient comes from the unquantised output gradient.
-
-Each tensor's scale comes from the recipe's scaling object (`fpsim.emulate.recipes`:
-`scale(history, fp8_max, previous)`, `delayed`, `history_len`).
+takes its inputs in FP8. How each input is scaled is the recipe's (fpsim.recipes): for a
+per-tensor recipe (DelayedScaling, CurrentScaling) the tensor is multiplied by its scale in
+float32 and rounded to the FP8 format with saturation (fpsim.quantize; CUDA's SATFINITE
+conversion of TE's kernels, which round x * scale to float32 first), the GEMM accumulates
+the FP8 values in float32 (or on a tensor-core model), and the result is multiplied by the
+two inverse scales (as cuBLASLt's A and B scale factors). For per-channel and block recipes
+the tensor is the recipe's dequantised values (fpsim.recipes' quantize, along the last axis),
+multiplied in float32. The gradient passes the quantisation straight through, as
+TransformerEngine's FP8 Linear does; the bias gradient comes from the unquantised output
+gradient.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..formats import format as get_format
+from ..recipes import DelayedScaling
 from ..rounding import quantize
-from .recipes import FORMATS
+from .recipes import PER_TENSOR
 
 _FP32 = torch.float32
 
 
 class TensorScale:
-    """One FP8 tensor's state (an input, a weight or an output gradient of one layer): amax history and scale."""
+    """One FP8 tensor of one layer (its input, weight or output gradient): the recipe's state for it."""
 
-    def __init__(self, scaling, fmt: str):
+    def __init__(self, scaling, kind: str):
         self.scaling = scaling
-        self.format = get_format(fmt)
-        self.fp8_max = float(self.format.max)
-        self.history: list = []          # 0-dim float32 amaxes, oldest first
-        self.scale = None                # the scale the next cast uses (delayed scaling)
-        self.used = None                 # the scale the last cast used
+        self.kind = kind                 # "activation", "weight" or "gradient" (fpsim.recipes.KINDS)
+        self.format = scaling.format_for(kind)
+        self.state = scaling.new_state() if isinstance(scaling, DelayedScaling) else None
+        self.per_tensor = isinstance(scaling, PER_TENSOR)
+        self.used = None                 # the scale the last cast used (per-tensor recipes)
 
     def cast(self, x):
-        """(x's FP8 values as float32, the inverse scale): x * scale rounded to the format, saturating."""
-        amax = x.detach().abs().amax().to(_FP32)
-        if self.scale is None:
-            self.scale = torch.ones((), dtype=_FP32, device=x.device)
-        if self.scaling.delayed:
-            scale = self.scale
+        """(values as float32, inverse scale or None): FP8 elements and fl32(1 / scale) for a per-tensor
+        recipe; the recipe's dequantised values and None for the others."""
+        x = x.detach()
+        if not self.per_tensor:
+            values = self.scaling.quantize(x, self.state, kind=self.kind)
+            return values.to(_FP32), None
+        if self.state is not None:       # delayed: this cast uses the scale from earlier amaxes
+            scale = self.state.scale
+            self.scaling.record(self.state, x.abs().amax().float().item(), self.kind)
         else:
-            scale = self.scaling.scale(amax.reshape(1), self.fp8_max, self.scale)
-        values = quantize(x.detach().to(_FP32) * scale, self.format, saturate=True)
+            scale = self.scaling.scale(x, self.kind)
+        scale = torch.tensor(scale, dtype=_FP32, device=x.device)
         self.used = scale
-        self.history = (self.history + [amax])[-self.scaling.history_len:]
-        self.scale = self.scaling.scale(torch.stack(self.history), self.fp8_max, scale) \
-            if self.scaling.delayed else scale
-        return values, torch.reciprocal(scale)
+        return quantize(x.to(_FP32) * scale, self.format, saturate=True), torch.reciprocal(scale)
+
+    @property
+    def history(self) -> list:
+        """The amaxes a delayed recipe holds, oldest first (empty for the others)."""
+        return [] if self.state is None else list(self.state.history)
+
+    @property
+    def scale(self):
+        """The scale the next cast uses (delayed recipes), else None."""
+        return None if self.state is None else float(self.state.scale)
 
 
 class FP8Layer:
-    """The FP8 state of one linear layer: scales of its input, weight and output gradient, and its GEMMs."""
+    """The FP8 state of one linear layer: its input, weight and output gradient, and its GEMMs."""
 
     def __init__(self, recipe, gemm):
-        forward, backward = FORMATS[recipe.format]
-        self.input = TensorScale(recipe.scaling, forward)
-        self.weight = TensorScale(recipe.scaling, forward)
-        self.grad_output = TensorScale(recipe.scaling, backward)
+        self.input = TensorScale(recipe.scaling, "activation")
+        self.weight = TensorScale(recipe.scaling, "weight")
+        self.grad_output = TensorScale(recipe.scaling, "gradient")
         self._gemm = gemm          # gemm(kind, a, b, format_a, format_b) -> float32 a @ b
 
     def matmul(self, kind: str, a, sa, b, sb, format_a, format_b):
-        """(a @ b) * (sa * sb): an FP8 GEMM of values a, b with inverse scales sa, sb."""
-        return self._gemm(kind, a, b, format_a, format_b) * (sa * sb)
+        """(a @ b) * (sa * sb): an FP8 GEMM of values a, b with inverse scales sa, sb (None: dequantised)."""
+        product = self._gemm(kind, a, b, format_a, format_b)
+        return product if sa is None else product * (sa * sb)
 
 
 class FP8Linear(torch.autograd.Function):

@@ -8,7 +8,7 @@ While the block runs, and only then:
   passes and optimizer steps, as in an AMP loop that autocasts its forward pass and loss;
 * every op on fp16/bf16 tensors computes in FP32 and rounds once (`fpsim.emulate.compute`),
   its matrix products on a tensor-core model when `device` names a GPU;
-* FP8 recipes run each linear layer's GEMMs on FP8 inputs with per-tensor scales
+* FP8 recipes run each linear layer's GEMMs on FP8 inputs scaled by fpsim.recipes' rules
   (`fpsim.emulate.fp8`);
 * a fixed loss scale multiplies the gradient each backward pass starts from and divides
   every parameter's gradient as it arrives (in FP32, before accumulation);
@@ -45,7 +45,8 @@ def emulate(model, recipe, *, device: str | None = None, policy: str = "cuda", k
             from_report=None, loss_scale=None, master_weights: bool = True) -> "Emulation":
     """A context manager under which `model`'s unchanged training loop runs in `recipe`'s numerics.
 
-    recipe: "fp32", "fp16", "bf16", "fp8", "fp8-e4m3", or an AutocastRecipe / FP8Recipe.
+    recipe: "fp32" or a name in fpsim.emulate.recipes.NAMED ("fp16", "bf16", "fp8", "fp8-e4m3",
+        "fp8-current", "mxfp8", "fp8-block"), or an AutocastRecipe / FP8Recipe.
     device: None (GEMMs accumulate in FP32) or a GPU for fpsim.TensorCore ("h100", "a100",
         ...): every matrix product runs through its tensor-core model (slow; see docs).
     policy: the device type whose torch.autocast op lists apply: "cuda" (the GPUs recipes
@@ -120,7 +121,7 @@ class Emulation:
             self._names.select(advice.fp32, "from_report", self.selection, "kept_modules")
             scale = advice.loss_scale
         if isinstance(self.recipe, recipes.FP8Recipe):
-            for fmt in dict.fromkeys(recipes.FORMATS[self.recipe.format]):
+            for fmt in dict.fromkeys(self.recipe.element_formats):
                 for name in read_report(path, fmt).fp32:     # a layer, or an op of a linear layer: not in FP8
                     module, _, op = name.rpartition(":") if ":" in name else (name, "", "")
                     if module == OUTSIDE:
@@ -140,7 +141,11 @@ class Emulation:
         if self.low is not None:
             self._gemm.core(self.recipe.low)
         if isinstance(self.recipe, recipes.FP8Recipe):
-            forward, backward = recipes.FORMATS[self.recipe.format]
+            if not self.recipe.per_tensor:
+                raise ValueError(f"device={self.device!r} models GEMMs of FP8 elements with per-tensor scales; the "
+                                 f"{self.recipe.scaling.name} scaling of recipe {self.recipe.name} runs with FP32 "
+                                 f"accumulation only (device=None)")
+            forward, backward = self.recipe.element_formats
             self._gemm.core(forward, forward, None)
             self._gemm.core(backward, forward, self.recipe.promote_every)
             self._fp8_gemm = TensorCoreFP8Gemm(self._gemm, self.recipe.fast_accumulation, self.recipe.promote_every)
@@ -174,7 +179,7 @@ class Emulation:
     def summary(self) -> dict:
         """What ran how: recipe, options, steps, losses, notes, and each FP8 layer's last scales (JSON-ready)."""
         fp8 = {name: {role: {"format": state.format.name, "scale": None if state.used is None else state.used.item(),
-                             "amax": None if not state.history else state.history[-1].item()}
+                             "amax": None if not state.history else state.history[-1]}
                       for role, state in (("input", layer.input), ("weight", layer.weight),
                                           ("grad_output", layer.grad_output))}
                for name, layer in self.fp8_layers.items()}

@@ -2,8 +2,10 @@
 
 Sources of truth: TransformerEngine's scaling formulas as its documentation and kernels state
 them (DelayedScaling: scale = FP8_MAX * 2^-margin / amax over the amax history, the previous
-scale when amax is 0 or not finite; Float8CurrentScaling: FP8_MAX / amax of the tensor itself,
-1 for 0/Inf/NaN, float32's max on overflow, optionally a power of two), the E4M3 and E5M2
+scale when amax is 0 or not finite; Float8CurrentScaling: FP8_MAX / amax of the tensor itself;
+the formulas themselves are fpsim.recipes', held to them in tests/test_recipes.py: here, that
+emulation's casts use them), the OCP MX specification (E8M0 scale 2^(floor(log2 amax) - 8) for
+MXFP8 E4M3 blocks of 32, worked by hand below), the E4M3 and E5M2
 grids of the OCP FP8 specification (3 and 2 mantissa bits, max 448 and 57344, conversion with
 saturation as CUDA's SATFINITE), and the amaxes of each layer's inputs seen from outside the
 emulation (forward pre-hooks). Expected FP8 values and GEMM results below are worked out by
@@ -21,7 +23,7 @@ import torch
 import fpsim
 from emulate_helpers import TINY, emulated, gpt, train, twin
 from fpsim.analyze.gpt import token_batches
-from fpsim.emulate import CurrentScaling, DelayedScaling, FP8Recipe
+from fpsim.emulate import BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe
 from fpsim.emulate.fp8 import FP8Layer, FP8Linear, TensorScale, fp32_gemm
 
 F32 = torch.float32
@@ -31,31 +33,8 @@ def _t(*values):
     return torch.tensor(values, dtype=F32)
 
 
-def _scale(scaling, history, previous=1.0, fp8_max=448.0):
-    return scaling.scale(_t(*history), fp8_max, torch.tensor(previous, dtype=F32)).item()
-
-
-def test_delayed_scaling_by_hand():
-    assert _scale(DelayedScaling(), [2.0, 3.5]) == 128.0                          # 448 / 3.5
-    assert _scale(DelayedScaling(margin=1), [2.0, 3.5]) == 64.0                   # 448 / 2 / 3.5
-    assert _scale(DelayedScaling(amax_compute_algo="most_recent"), [3.5, 2.0]) == 224.0
-    assert _scale(DelayedScaling(), [3.5], fp8_max=57344.0) == 16384.0            # E5M2
-    for unusable in ([0.0], [math.inf], [math.nan]):
-        assert _scale(DelayedScaling(), unusable, previous=5.0) == 5.0           # the previous scale stays
-
-
-def test_current_scaling_by_hand():
-    assert _scale(CurrentScaling(), [3.5]) == 128.0
-    for unusable in (0.0, math.inf, math.nan):
-        assert _scale(CurrentScaling(), [unusable], previous=5.0) == 1.0
-    assert _scale(CurrentScaling(), [1e-40]) == torch.finfo(F32).max              # 448 / 1e-40 overflows
-    assert _scale(CurrentScaling(power_2_scale=True), [3.0]) == 128.0             # 149.33 -> 2^7
-    assert _scale(CurrentScaling(power_2_scale=True), [0.3]) == 1024.0            # 1493.3 -> 2^10
-    assert _scale(CurrentScaling(amax_epsilon=1.0), [0.5]) == 448.0               # amax raised to 1
-
-
 def test_delayed_scales_come_from_the_amaxes_before():
-    state = TensorScale(DelayedScaling(amax_history_len=2), "e4m3")
+    state = TensorScale(DelayedScaling("e4m3", amax_history_len=2), "activation")
     used = []
     for x in (_t(2.0, -1.0), _t(2.0, -4.0, 0.3, 1.1), _t(1.0), _t(0.5)):
         values, inverse = state.cast(x)
@@ -66,11 +45,22 @@ def test_delayed_scales_come_from_the_amaxes_before():
             assert values.tolist() == [448.0, -448.0, 64.0, 240.0]
     # scale 1 at first; then 448 / max of the last two amaxes: (2) -> 224, (2, 4) -> 112, (4, 1) -> 112
     assert used == [1.0, 224.0, 112.0, 112.0]
-    assert state.scale.item() == 448.0                                            # (1, 0.5) -> 448
+    assert state.scale == 448.0                                                   # (1, 0.5) -> 448
+
+
+def test_delayed_scaling_margin_and_gradient_format_by_hand():
+    state = TensorScale(DelayedScaling("e4m3", margin=1, gradient_format="e5m2"), "gradient")
+    assert state.format.name == "e5m2"
+    state.cast(_t(3.5, 1.0))
+    assert state.scale == 8192.0                                                  # 57344 / 2 / 3.5
+    values, inverse = state.cast(_t(1e-3, 0.0))
+    # 1e-3 * 8192 = 8.192 -> E5M2 8 (step 2 in [8, 16)); the inverse scale 2^-13 is exact
+    assert values.tolist() == [8.0, 0.0] and inverse.item() == 2.0 ** -13
 
 
 def _layer(fmt="hybrid", bias=True):
-    recipe = FP8Recipe(format=fmt, scaling=CurrentScaling(), base="fp32")
+    gradient = "e5m2" if fmt == "hybrid" else "e4m3"
+    recipe = FP8Recipe(CurrentScaling("e4m3", gradient_format=gradient), base="fp32")
     x = torch.tensor([[1.0, 3.3]], requires_grad=True)
     w = torch.tensor([[0.5, 0.25], [0.25, 0.5]], requires_grad=True)
     b = torch.tensor([0.25, -0.5], requires_grad=True) if bias else None
@@ -106,10 +96,10 @@ def test_the_hybrid_and_e4m3_recipes_differ_in_backward_only():
     cfg = TINY["bf16"]
     model = gpt(cfg)
     runs = {}
-    for fmt in ("hybrid", "e4m3"):
-        records, _ = emulated(twin(model), cfg, 1, FP8Recipe(format=fmt))
+    for fmt in ("fp8", "fp8-e4m3"):
+        records, _ = emulated(twin(model), cfg, 1, fmt)
         runs[fmt] = records[0]
-    (loss_h, grads_h), (loss_e, grads_e) = runs["hybrid"], runs["e4m3"]
+    (loss_h, grads_h), (loss_e, grads_e) = runs["fp8"], runs["fp8-e4m3"]
     assert torch.equal(loss_h, loss_e)
     assert any(not torch.equal(grads_h[n], grads_e[n]) for n in grads_h)
 
@@ -136,15 +126,15 @@ def test_delayed_scaling_in_a_training_loop_follows_the_inputs_amaxes():
     cfg = TINY["bf16"]
     model = gpt(cfg)
     recorder = _InputAmaxes(model)
-    recipe = FP8Recipe(scaling=DelayedScaling(amax_history_len=2))
+    recipe = FP8Recipe(DelayedScaling("e4m3", amax_history_len=2, gradient_format="e5m2"))
     _, em = emulated(model, cfg, 3, recipe)
     recorder.close()
     linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert set(em.fp8_layers) == linears
     for name, layer in em.fp8_layers.items():
         seen = recorder.amaxes[name]
-        assert [a.item() for a in layer.input.history] == seen[-2:]
-        assert layer.input.scale.item() == pytest.approx(448 / max(seen[-2:]), rel=1e-7)
+        assert layer.input.history == seen[-2:]
+        assert layer.input.scale == pytest.approx(448 / max(seen[-2:]), rel=1e-7)
 
 
 def test_fp8_training_follows_bf16_closely_and_keeps_kept_layers_out():
@@ -162,14 +152,14 @@ def test_fp8_gemms_on_the_h100_model_are_its_tensor_cores_results():
     g = torch.Generator().manual_seed(0)
     layer = torch.nn.Linear(256, 4, bias=False)
     x = torch.randn(3, 256, generator=g, requires_grad=True)
-    recipe = FP8Recipe(scaling=CurrentScaling(), base="fp32")
-    with fpsim.emulate(layer, recipe, device="h100") as em:
+    scaling = CurrentScaling("e4m3", gradient_format="e5m2")
+    with fpsim.emulate(layer, FP8Recipe(scaling, base="fp32"), device="h100") as em:
         y = layer(x)
         y.backward(torch.ones_like(y))
     state = em.fp8_layers[""]
-    x8, sx = TensorScale(CurrentScaling(), "e4m3").cast(x)
-    w8, sw = TensorScale(CurrentScaling(), "e4m3").cast(layer.weight)
-    g8, sg = TensorScale(CurrentScaling(), "e5m2").cast(torch.ones_like(y))
+    x8, sx = TensorScale(scaling, "activation").cast(x)
+    w8, sw = TensorScale(scaling, "weight").cast(layer.weight)
+    g8, sg = TensorScale(scaling, "gradient").cast(torch.ones_like(y))
     fprop = fpsim.TensorCore("h100", "e4m3", "fp32").matmul(x8, w8.t().contiguous()) * (sx * sw)
     dgrad = fpsim.TensorCore("h100", "e5m2", "fp32", inputs_b="e4m3", promote_every=128).matmul(g8, w8) * (sg * sw)
     assert torch.equal(y, fprop) and torch.equal(x.grad, dgrad)
@@ -186,3 +176,31 @@ def test_each_emulation_starts_with_fresh_scales():
     with fpsim.emulate(model, "fp8") as em:
         model(x, y)
     assert all(len(layer.input.history) == 1 for layer in em.fp8_layers.values())
+
+
+def test_an_mxfp8_layer_multiplies_the_blocks_dequantised_values():
+    """MXFP8 (OCP MX v1.0): one E8M0 scale per 32 elements, 2^(floor(log2 amax) - 8) for E4M3 (emax 8).
+    Input block 0: amax 3.3 -> scale 2^(1-8) = 2^-7: 3.3 * 128 = 422.4 -> 416 (E4M3 step 32 in [256, 512)),
+    so 3.25; 1.0 -> 128 stays; its 0.1s: 12.8 -> 13 (step 1), so 13/128 = 0.1015625. Block 1 (all 0.1):
+    amax 0.1 -> 2^(-4-8): 409.6 -> 416 (step 32), so again 416/4096 = 0.1015625. Weights 0.5 are exact."""
+    layer = torch.nn.Linear(64, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(0.5)                                                     # a power of two: exact
+    x = torch.full((1, 64), 0.1)
+    x[0, 0], x[0, 1] = 3.3, 1.0
+    with fpsim.emulate(layer, FP8Recipe(BlockScaling("mxfp8_e4m3", "mxfp8_e4m3", "mxfp8_e4m3"), base="fp32")):
+        y = layer(x)
+    first = 3.25 + 1.0 + 30 * (13 / 128)
+    second = 32 * (416 / 4096)
+    assert y.item() == pytest.approx(0.5 * (first + second), rel=1e-6)
+    assert FP8Recipe(BlockScaling("mxfp8_e4m3", "mxfp8_e4m3", "mxfp8_e4m3")).name == "mxfp8"
+
+
+def test_block_recipes_train_and_refuse_a_tensor_core_model():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    for name in ("mxfp8", "fp8-block"):
+        records, em = emulated(twin(model), cfg, 2, name)
+        assert all(math.isfinite(loss) for loss, _ in records) and em.fp8_layers
+    with pytest.raises(ValueError, match="block scaling of recipe mxfp8 runs with FP32 accumulation only"):
+        fpsim.emulate(model, "mxfp8", device="h100")
