@@ -3,9 +3,10 @@
 The script runs in this process, as `python train.py ARGS` would run it (runpy, with sys.argv
 and sys.path[0] set so). Its model is the first module whose forward pass runs with gradients
 enabled outside any other module's forward pass: the emulation starts there (from a global
-forward pre-hook) and ends with the script. Module-level choices (keep=, FP8 layers, from_report=)
-apply from that model's second forward pass on; the global ones (autocast, FP32 compute, the
-loss scale) from the first. Other models the script makes run under the global ones only.
+forward pre-hook, inside that first call) and ends with the script. Its submodules' hooks (keep=,
+FP8 layers, from_report=) apply from that first call on; the model module's own from its
+second call (torch has read the model's hooks for the call already). Other models the script
+makes run under the global parts only (autocast, FP32 compute, the loss scale).
 
     run = ScriptEmulation("train.py", ["--lr", "0.1"], "fp16", steps=50, loss_scale=2**12).run()
     run.losses
