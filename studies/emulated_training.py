@@ -133,7 +133,7 @@ the rest in BF16 autocast.
     gap = max(abs(a - b) for a, b in zip(gpt["fp8 (E4M3 fwd, E5M2 bwd, delayed scaling)"], gpt["bf16"]))
     bf16_gap = max(abs(a - b) for a, b in zip(gpt["bf16"], gpt["fp32"]))
     gpt_tail = max(1, gpt_steps // 10)
-    report.table(("run", f"loss, mean of the last {gpt_tail} steps", "largest |loss - BF16 loss| over the run"),
+    report.table(("run", f"loss, mean of the last {gpt_tail} steps", "largest gap to BF16's loss over the run"),
                  [(label, f"{_mean_tail(losses, gpt_tail):.4f}",
                    f"{max(abs(a - b) for a, b in zip(losses, gpt['bf16'])):.4f}") for label, losses in gpt.items()])
 

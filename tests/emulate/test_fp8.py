@@ -23,7 +23,7 @@ import torch
 import fpsim
 from emulate_helpers import TINY, emulated, gpt, train, twin
 from fpsim.analyze.gpt import token_batches
-from fpsim.emulate import BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe
+from fpsim.emulate import BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe, PerChannelScaling
 from fpsim.emulate.fp8 import FP8Layer, FP8Linear, TensorScale, fp32_gemm
 
 F32 = torch.float32
@@ -204,3 +204,19 @@ def test_block_recipes_train_and_refuse_a_tensor_core_model():
         assert all(math.isfinite(loss) for loss, _ in records) and em.fp8_layers
     with pytest.raises(ValueError, match="block scaling of recipe mxfp8 runs with FP32 accumulation only"):
         fpsim.emulate(model, "mxfp8", device="h100")
+
+
+def test_per_channel_scaling_scales_each_weight_row_by_its_own_amax():
+    """PerChannelScaling (rows, TE's formula per row): row [0.5, 0.25] gets 448/0.5 = 896 and stays exact;
+    row [3.3, 1.0] and the input [1.0, 3.3] get s = 448/3.3: 1.0 * s = 135.76 -> 128 (E4M3 step 16), so
+    1.0 becomes 128/s = 0.942857; 3.3 * s = 448 stays. One scale for the whole weight (CurrentScaling)
+    would round 0.5 * s = 67.9 -> 64 (step 8) instead: 0.4714."""
+    layer = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[0.5, 0.25], [3.3, 1.0]]))
+    x = torch.tensor([[1.0, 3.3]])
+    recipe = FP8Recipe(PerChannelScaling("e4m3"), base="fp32")
+    with fpsim.emulate(layer, recipe):
+        y = layer(x)
+    one = 128 * 3.3 / 448
+    assert y.tolist()[0] == pytest.approx([one * 0.5 + 3.3 * 0.25, one * 3.3 + 3.3 * one], rel=1e-6)
