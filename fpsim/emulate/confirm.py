@@ -22,7 +22,7 @@ import os
 import tempfile
 
 from ..formats import format as get_format
-from .script import ScriptEmulation, formats_judged
+from .script import ScriptEmulation, formats_judged, recipe_name
 
 FIGURE = "emulation_losses.png"
 SEED = 0
@@ -34,7 +34,7 @@ def check_confirm(script, args, recipe, confirming: bool, formats) -> None:
     """Before anything runs: the script exists, the recipe is known and, for --confirm, the analyzer
     judges the formats whose verdicts the recommended run applies."""
     recipe = recipe or CONFIRM_RECIPE
-    name = ScriptEmulation(script, args, recipe).name
+    name = ScriptEmulation(script, args, recipe).name     # the script and the recipe checked
     if not confirming:
         return
     needed = formats_judged(recipe)
@@ -49,32 +49,31 @@ def check_confirm(script, args, recipe, confirming: bool, formats) -> None:
 
 def emulate_script(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
     """Run the script once under `recipe`; write out/emulation.json and the figure; the section."""
-    runs = [("", recipe, {})]
-    return _write(_section(script, args, recipe, runs, steps, on_run), out, None)
+    return _write(_section(script, args, [("", recipe, {})], steps, on_run), out, None)
 
 
 def confirm(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
     """The script in FP32, under `recipe` unprotected, and under `recipe` with from_report=out/report.json;
     the section, also written into out/report.json, with the figure beside it."""
     report = os.path.join(os.fspath(out), "report.json")
-    name = ScriptEmulation(script, args, recipe).name      # the recipe checked before anything runs
+    name = recipe_name(recipe)
     runs = [("fp32", "fp32", {}), (f"{name}, unprotected", recipe, {}),
             (f"{name}, as the report recommends", recipe, {"from_report": report})]
-    return _write(_section(script, args, recipe, runs, steps, on_run), out, report)
+    return _write(_section(script, args, runs, steps, on_run), out, report)
 
 
 def table(section: dict) -> str:
     """A few lines for the terminal: each run's steps, first and last loss, and non-finite losses."""
     lines = [f"{'run':40s} {'steps':>5s} {'first loss':>11s} {'last loss':>11s} {'NaN/Inf':>7s}"]
     for run in section["runs"]:
-        losses = [_number(x) for x in run["losses"]]
+        losses = [float(x) for x in run["losses"]]
         bad = sum(not math.isfinite(x) for x in losses)
         first, last = (f"{losses[0]:11.6g}", f"{losses[-1]:11.6g}") if losses else ("-".rjust(11),) * 2
         lines.append(f"{run['label'][:40]:40s} {run['steps']:5d} {first} {last} {bad:7d}")
     return "\n".join(lines)
 
 
-def _section(script, args, recipe, runs, steps, on_run) -> dict:
+def _section(script, args, runs, steps, on_run) -> dict:
     made = [(label, ScriptEmulation(script, args, spec, steps=steps, seed=SEED, **options), options)
             for label, spec, options in runs]                   # every option checked before the first run
     out = []
@@ -99,7 +98,7 @@ def _write(section: dict, out, report) -> dict:
 
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
-    figure = loss_curves({run["label"]: [_number(x) for x in run["losses"]] for run in section["runs"]},
+    figure = loss_curves({run["label"]: [float(x) for x in run["losses"]] for run in section["runs"]},
                          title=f"Loss curves under emulation: {section['recipe']}")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
@@ -115,11 +114,8 @@ def _write(section: dict, out, report) -> dict:
 
 
 def _jsonable(x: float):
+    """A loss for JSON: non-finite ones as the strings float() reads back."""
     return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-
-
-def _number(x) -> float:
-    return float(x)          # float("nan"), float("inf") read the strings back
 
 
 def _atomic_write(path: str, data: bytes) -> None:

@@ -43,7 +43,7 @@ class ScriptEmulation:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"steps must be a positive int or None, got {steps!r}")
         resolved = recipes.resolve(recipe)              # ValueError/TypeError now, not mid-script
-        self.name = "fp32" if resolved is None else resolved.name
+        self.name = recipe_name(recipe)
         if options.get("from_report") is not None:
             _check_report(options["from_report"], resolved)
         self.script, self.args, self.steps, self.seed = script, [str(a) for a in args], steps, seed
@@ -102,6 +102,12 @@ class ScriptEmulation:
     def _after_step(self, optimizer, args, kwargs):
         if self.emulation.steps >= self.steps:
             raise StopScript(f"stopped after {self.emulation.steps} steps")
+
+
+def recipe_name(recipe) -> str:
+    """The name a recipe (a name or object) runs under: "fp32" for no emulation."""
+    recipe = recipes.resolve(recipe)
+    return "fp32" if recipe is None else recipe.name
 
 
 def formats_judged(recipe) -> tuple:
