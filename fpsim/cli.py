@@ -431,6 +431,8 @@ def cmd_analyze(args) -> int:
 
     from .analyze.signals import TERMINATED_EXIT_CODE, Terminated
 
+    if args.demo and (args.emulate or args.confirm):
+        raise ValueError("--emulate and --confirm run a training script, not --demo")
     if args.demo:
         return cmd_demo(args)
     if not args.script:
