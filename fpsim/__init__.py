@@ -21,20 +21,21 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALIASES", "BLOCK_PRESETS", "BlockEncoding", "BlockFormat", "IntFormat", "PRESETS", "ROUNDING_MODES",
-    "SCALE_RULES", "Format", "TensorCore", "decode", "encode", "format", "quantize",
+    "SCALE_RULES", "Format", "TensorCore", "decode", "encode", "emulate", "format", "quantize",
     "testing", "watch", "__version__",
 ]
 
 # Names whose modules need torch: imported on first use, so that `import fpsim` and the numpy
-# numerics never load torch.
-_LAZY = {"watch": "fpsim.analyze.hooks"}
+# numerics never load torch. `emulate` is the (callable) package fpsim.emulate itself.
+_LAZY = {"watch": "fpsim.analyze.hooks", "emulate": "fpsim.emulate"}
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'fpsim' has no attribute {name!r}")

@@ -431,6 +431,8 @@ def cmd_analyze(args) -> int:
 
     from .analyze.signals import TERMINATED_EXIT_CODE, Terminated
 
+    if args.demo and (args.emulate or args.confirm):
+        raise ValueError("--emulate and --confirm run a training script, not --demo")
     if args.demo:
         return cmd_demo(args)
     if not args.script:
@@ -445,6 +447,12 @@ def cmd_analyze(args) -> int:
             parser = argparse.ArgumentParser(prog="fpsim analyze SCRIPT", add_help=False)
             _add_analyzer_options(parser, with_modules=True)
             parser.parse_args(options, namespace=args)
+    if args.emulate or args.confirm:
+        from .emulate.confirm import check_confirm
+
+        check_confirm(args.script, script_args, args.emulate, args.confirm, _analyzer_formats(args.formats))
+        if not args.confirm:
+            return _emulated(args, script_args)
     progress = _Progress("analyze", args.steps, quiet=args.quiet)
     run = ScriptRun(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
                     formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
@@ -480,6 +488,36 @@ def cmd_analyze(args) -> int:
     _print_report(report, paths, args.out, args.json)
     if not paths.get("report.json"):
         return 1
+    return _emulated(args, script_args) if args.confirm else 0
+
+
+def _emulated(args, script_args) -> int:
+    """`--emulate RECIPE` alone: the script under emulation; with `--confirm`: FP32, unprotected and
+    recommended runs into the report (fpsim.emulate.confirm). Exit codes as cmd_analyze's."""
+    import json
+    import traceback
+
+    from .emulate import confirm
+
+    recipe = args.emulate or confirm.CONFIRM_RECIPE
+    say = (lambda label: None) if args.quiet else (lambda label: print(f"fpsim analyze: emulating {label}",
+                                                                      file=sys.stderr))
+    run = confirm.confirm if args.confirm else confirm.emulate_script
+    try:
+        section = run(args.script, script_args, recipe, args.out, steps=args.steps, on_run=say)
+    except KeyboardInterrupt:
+        print("fpsim analyze: interrupted", file=sys.stderr)
+        return 130
+    except BaseException as err:
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        print(f"fpsim analyze: the training script raised {type(err).__name__} under emulation: {err}",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(section, indent=2))
+    else:
+        where = "report.json" if args.confirm else "emulation.json"
+        print(f"\n{confirm.table(section)}\n\nlosses written to {args.out}/: {where}, {section['figure']}")
     return 0
 
 
@@ -509,6 +547,12 @@ def _add_analyzer_options(p, with_modules: bool = False) -> None:
     if with_modules:
         p.add_argument("--modules", default=None, choices=["params", "leaves", "all"],
                        help="which modules to record (default params: modules holding parameters)")
+        p.add_argument("--emulate", default=None, metavar="RECIPE",
+                       help="run the script under an emulated recipe (fp16, bf16, fp8, mxfp8, ...: docs/emulate.md) "
+                            "instead of observing it; writes emulation.json and a loss figure")
+        p.add_argument("--confirm", action="store_true",
+                       help="after observing, run the script in FP32, under the recipe (--emulate, default fp16) "
+                            "unprotected and as the report recommends: the loss curves go into report.json")
 
 
 def _count(text: str) -> int:

@@ -477,3 +477,37 @@ def sweep(x, results, *, exact=None, xlabel: str, ylabel: str, title: str | None
             ax.set_title(title)
         _outside_legend(fig, ax, loc="outside lower center")
     return fig
+
+
+# ------------------------------------------------------------- loss curves
+def loss_curves(curves, *, title: str | None = None, xlabel: str = "step (backward pass)",
+                ylabel: str = "training loss", logy: bool = True):
+    """Training losses against step, one line per run (for example FP32 beside emulated recipes).
+
+    curves: mapping label -> sequence of losses, drawn in order. A run's
+    non-finite losses (NaN, Inf: it diverged) are marked with a cross on the
+    top edge at their steps, so a run that broke is seen where it broke.
+    """
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves must map run labels to sequences of losses")
+    series = {label: np.asarray(list(values), dtype=float) for label, values in curves.items()}
+    finite = np.concatenate([v[np.isfinite(v)] for v in series.values()] + [np.zeros(0)])
+    logy = logy and finite.size > 0 and bool(np.all(finite > 0))
+    top = float(finite.max()) if finite.size else 1.0
+    with _style():
+        fig, axes = _figure(7.5, 4.6)
+        ax = axes[0, 0]
+        for i, (label, values) in enumerate(series.items()):
+            steps = np.arange(1, values.size + 1)
+            ok = np.isfinite(values)
+            ax.plot(steps[ok], values[ok], color=_COLORS[i % 10], linestyle=_LINESTYLES[i % 4], label=label)
+            if (~ok).any():
+                ax.plot(steps[~ok], np.full((~ok).sum(), top), linestyle="none", marker="x", markersize=7,
+                        color=_COLORS[i % 10], label=f"{label}: NaN/Inf loss")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title or "Loss curves")
+        _outside_legend(fig, ax, loc="outside lower center", ncol=2)
+    return fig

@@ -1,0 +1,386 @@
+"""fpsim.emulate(model, recipe, ...): the user's training loop, run in a recipe's numerics.
+
+While the block runs, and only then:
+
+* torch.autocast is on for the model's device type with the recipe's low format (its weight
+  cache off, so that every step casts the current FP32 master weights), applying the op
+  policy of `policy`'s device type (`fpsim.emulate.autocast`); it is off during backward
+  passes and optimizer steps, as in an AMP loop that autocasts its forward pass and loss;
+* every op on fp16/bf16 tensors computes in FP32 and rounds once (`fpsim.emulate.compute`),
+  its matrix products on a tensor-core model when `device` names a GPU;
+* FP8 recipes run each linear layer's GEMMs on FP8 inputs scaled by fpsim.recipes' rules
+  (`fpsim.emulate.fp8`);
+* a fixed loss scale multiplies the gradient each backward pass starts from and divides
+  every parameter's gradient as it arrives (in FP32, before accumulation);
+* modules and ops to keep run in FP32, autocast off, their inputs cast to FP32, as one
+  writes it by hand; with `layers`, only those modules are emulated and their outputs
+  return to FP32.
+
+Leaving the block removes every hook, mode and kernel it installed: the run goes on as if
+no emulation had happened (tests/emulate/test_session.py checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
+
+from ..trace import OUTSIDE, Tracer
+from . import recipes
+from .autocast import PolicyKernels
+from .compute import FP32Compute
+from .fp8 import FP8Layer, FP8Linear, TensorCoreFP8Gemm, fp32_gemm
+from .gemm import TensorCoreGemm
+from .policy import POLICIES
+from .selection import Names, Selection, read_report
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def emulate(model, recipe, *, device: str | None = None, policy: str = "cuda", keep=(), layers=None,
+            from_report=None, loss_scale=None, master_weights: bool = True) -> "Emulation":
+    """A context manager under which `model`'s unchanged training loop runs in `recipe`'s numerics.
+
+    recipe: "fp32" or a name in fpsim.emulate.recipes.NAMED ("fp16", "bf16", "fp8", "fp8-e4m3",
+        "fp8-current", "mxfp8", "fp8-block"), or an AutocastRecipe / FP8Recipe.
+    device: None (GEMMs accumulate in FP32) or a GPU for fpsim.TensorCore ("h100", "a100",
+        ...): every matrix product runs through its tensor-core model (slow; see docs).
+    policy: the device type whose torch.autocast op lists apply: "cuda" (the GPUs recipes
+        are made for) or "cpu" (to compare with real CPU autocast).
+    keep: modules (names or types) and ops (``Module:op``) to keep in FP32.
+    layers: modules (names or types) to emulate; the rest runs in FP32 (default: all).
+    from_report: a saved fpsim report (report.json or its folder): keep in FP32 what it
+        judges ``fp32`` for the recipe's formats, and use its recommended loss scale.
+    loss_scale: a fixed loss scale (a positive number); None for none (a GradScaler in the
+        loop works as it does on a GPU). Given explicitly, it overrides the report's.
+    master_weights: False stores the weights in the low format too (rounded after every
+        optimizer step), as training without FP32 master weights does.
+    """
+    return Emulation(model, recipe, device=device, policy=policy, keep=keep, layers=layers,
+                     from_report=from_report, loss_scale=loss_scale, master_weights=master_weights)
+
+
+class Emulation:
+    """The running emulation (what ``with fpsim.emulate(...) as em`` gives).
+
+    losses: the value of each backward pass's root (the loss; with a GradScaler, scaled);
+    steps: optimizer steps taken; notes: what was not emulated, in words; fp8_layers:
+    {module name: FP8Layer} (scales and amax histories); selection: what was kept.
+    """
+
+    def __init__(self, model, recipe, *, device, policy, keep, layers, from_report, loss_scale, master_weights):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.recipe = recipes.resolve(recipe)
+        self.name = "fp32" if self.recipe is None else self.recipe.name
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if not isinstance(master_weights, bool):
+            raise TypeError(f"master_weights must be True or False, got {master_weights!r}")
+        self.policy, self.master_weights = policy, master_weights
+        self.device_type = _device_type(model)
+        low = None if self.recipe is None else self.recipe.low
+        self.low = _DTYPES.get(low)
+        self._names = Names(model)
+        self.selection = Selection()
+        self._names.select(keep, "keep", self.selection, "kept_modules")
+        if layers is not None:
+            self.selection.layers = set()
+            self._names.select(layers, "layers", self.selection, "layers")
+        report_scale = self._apply_report(from_report) if from_report is not None else None
+        self.loss_scale = _check_loss_scale(loss_scale if loss_scale is not None else report_scale)
+        self.device = device
+        self._gemm = TensorCoreGemm(device) if device is not None else None
+        self._fp8_gemm = fp32_gemm
+        self._check_device()
+        self.losses: list = []
+        self.steps = 0
+        self.notes: list = []
+        self.fp8_layers: dict = {}
+        self._scaling = False
+        self._autocast_stack: list = []
+        self._fp8_stack: list = []
+        self._fp8_of: dict = {}              # FP8 nn.Linear module -> its FP8Layer
+        self._compute = None
+        self._exit = None
+
+    # ------------------------------------------------------------------ setup
+    def _apply_report(self, path):
+        """Keep what the report judges fp32 for this recipe's formats; its loss scale (or None)."""
+        if self.recipe is None:
+            raise ValueError("from_report needs a recipe other than fp32")
+        base = self.recipe.low
+        scale = None
+        if base is not None:
+            advice = read_report(path, base)
+            self._names.select(advice.fp32, "from_report", self.selection, "kept_modules")
+            scale = advice.loss_scale
+        if isinstance(self.recipe, recipes.FP8Recipe):
+            for fmt in dict.fromkeys(self.recipe.element_formats):
+                for name in read_report(path, fmt).fp32:     # a layer, or an op of a linear layer: not in FP8
+                    module, _, op = name.rpartition(":") if ":" in name else (name, "", "")
+                    if module == OUTSIDE:
+                        continue
+                    module = self._names.module(module, "from_report")
+                    if not op or isinstance(self._names.modules[module], torch.nn.Linear):
+                        self.selection.not_fp8.add(module)
+        return scale
+
+    def _check_device(self):
+        """Fail now, not mid-run, when the tensor-core model lacks the recipe's formats."""
+        if self._gemm is None:
+            return
+        if self.recipe is None:
+            raise ValueError(f"device={self.device!r} models the matrix products of a low-precision recipe; "
+                             f"recipe fp32 has none")
+        if self.low is not None:
+            self._gemm.core(self.recipe.low)
+        if isinstance(self.recipe, recipes.FP8Recipe):
+            if not self.recipe.per_tensor:
+                raise ValueError(f"device={self.device!r} models GEMMs of FP8 elements with per-tensor scales; the "
+                                 f"{self.recipe.scaling.name} scaling of recipe {self.recipe.name} runs with FP32 "
+                                 f"accumulation only (device=None)")
+            forward, backward = self.recipe.element_formats
+            self._gemm.core(forward, forward, None)
+            self._gemm.core(backward, forward, self.recipe.promote_every)
+            self._fp8_gemm = TensorCoreFP8Gemm(self._gemm, self.recipe.fast_accumulation, self.recipe.promote_every)
+
+    # -------------------------------------------------------------- life cycle
+    def __enter__(self) -> "Emulation":
+        if any(isinstance(mode, _Functions) for mode in torch.overrides._get_current_function_mode_stack()):
+            raise RuntimeError("fpsim.emulate is already running: emulations do not nest")
+        stack = contextlib.ExitStack()
+        try:
+            self._enter(stack)
+        except BaseException:
+            stack.close()
+            raise
+        self._exit = stack
+        return self
+
+    def __exit__(self, *exc):
+        stack, self._exit = self._exit, None
+        if stack is not None:
+            stack.close()
+        compute = self._compute
+        if compute is not None and compute.unemulated:
+            self.notes.append("ran by torch in the low format (no meta kernel to type their outputs): "
+                              + ", ".join(sorted(compute.unemulated)))
+        if compute is not None and compute.unmodelled:
+            self.notes.append(f"accumulated in FP32, not on the {self.device} tensor-core model (only matrix "
+                              f"products are modelled): " + ", ".join(sorted(compute.unmodelled)))
+        return False
+
+    def summary(self) -> dict:
+        """What ran how: recipe, options, steps, losses, notes, and each FP8 layer's last scales (JSON-ready)."""
+        fp8 = {name: {role: {"format": state.format.name, "scale": None if state.used is None else state.used.item(),
+                             "amax": None if not state.history else state.history[-1]}
+                      for role, state in (("input", layer.input), ("weight", layer.weight),
+                                          ("grad_output", layer.grad_output))}
+               for name, layer in self.fp8_layers.items()}
+        selection = self.selection
+        return {"recipe": self.name, "device": self.device, "policy": self.policy, "loss_scale": self.loss_scale,
+                "master_weights": self.master_weights, "kept_modules": sorted(selection.kept_modules),
+                "kept_ops": {op: sorted(modules) for op, modules in sorted(selection.kept_ops.items())},
+                "layers": None if selection.layers is None else sorted(selection.layers),
+                "steps": self.steps, "losses": list(self.losses), "notes": list(self.notes), "fp8_layers": fp8}
+
+    def _enter(self, stack):
+        model, selection = self.model, self.selection
+        if not self.master_weights and self.low is not None:
+            self._round_weights()
+        if self.low is not None:
+            tracer = None
+            if selection.kept_ops:
+                tracer = Tracer(_Quiet())
+                tracer.names.add_root(model, self._names.label, prefix_label=False)
+                tracer.attach()
+                stack.callback(tracer.close)
+            stack.enter_context(PolicyKernels(self.policy, self.device_type, self.low, selection.kept_ops,
+                                              tracer.current_module if tracer else None))
+            stack.enter_context(torch.autocast(self.device_type, dtype=self.low, enabled=selection.layers is None,
+                                               cache_enabled=False))
+        if self.low is not None or self._gemm is not None:
+            self._compute = FP32Compute(self._gemm)
+            stack.enter_context(self._compute)
+        stack.enter_context(_Functions(self))
+        for name, module in model.named_modules():
+            if name in selection.kept_modules:
+                self._hook(stack, module, self._enter_fp32, self._leave)
+            elif selection.layers is not None and name in selection.layers and self.low is not None:
+                self._hook(stack, module, self._enter_layer, self._leave_layer)
+            if isinstance(self.recipe, recipes.FP8Recipe) and isinstance(module, torch.nn.Linear) \
+                    and selection.runs_fp8(name):
+                self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(self.recipe, self._fp8_gemm)
+                self._hook(stack, module, self._enter_fp8, self._leave_fp8)
+        if self.loss_scale is not None:
+            for param in model.parameters():
+                if param.requires_grad:
+                    stack.callback(param.register_hook(self._unscale).remove)
+        stack.callback(register_optimizer_step_pre_hook(self._before_step).remove)
+        stack.callback(register_optimizer_step_post_hook(self._after_step).remove)
+
+    @staticmethod
+    def _hook(stack, module, before, after):
+        stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
+        stack.callback(module.register_forward_hook(after, always_call=True).remove)
+
+    # ------------------------------------------------------------------ hooks
+    def _push_autocast(self, enabled: bool):
+        context = torch.autocast(self.device_type, dtype=self.low, enabled=enabled, cache_enabled=False) \
+            if self.low is not None else torch.autocast(self.device_type, enabled=False)
+        context.__enter__()
+        self._autocast_stack.append(context)
+
+    def _pop_autocast(self):
+        if self._autocast_stack:
+            self._autocast_stack.pop().__exit__(None, None, None)
+
+    def _enter_fp32(self, module, args, kwargs):
+        self._push_autocast(False)
+        return _to_fp32(args), _to_fp32(kwargs)
+
+    def _leave(self, module, args, output):
+        self._pop_autocast()
+
+    def _enter_layer(self, module, args, kwargs):
+        self._push_autocast(True)
+
+    def _leave_layer(self, module, args, output):
+        self._pop_autocast()
+        return _to_fp32(output)
+
+    def _enter_fp8(self, module, args, kwargs):
+        self._fp8_stack.append(module)
+
+    def _leave_fp8(self, module, args, output):
+        if self._fp8_stack:
+            self._fp8_stack.pop()
+
+    def _unscale(self, grad):
+        return grad * (1.0 / self.loss_scale) if self._scaling else None
+
+    def _before_step(self, optimizer, args, kwargs):
+        self._push_autocast(False)
+
+    def _after_step(self, optimizer, args, kwargs):
+        self._pop_autocast()
+        self.steps += 1
+        if not self.master_weights and self.low is not None:
+            self._round_weights()
+
+    def _round_weights(self):
+        with torch.no_grad():
+            for param in self.model.parameters():
+                if param.is_floating_point():
+                    param.copy_(param.to(self.low))
+
+    # ----------------------------------------------- functions the mode takes over
+    def backward(self, func, args, kwargs):
+        """Tensor.backward / torch.autograd.backward: autocast off, the loss recorded and scaled."""
+        if func is torch.Tensor.backward:
+            names = ("gradient", "retain_graph", "create_graph", "inputs")
+            root, bound = args[0], dict(zip(names, args[1:]), **kwargs)
+            roots, grads = [root], [bound.get("gradient")]
+        else:
+            names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+            bound = dict(zip(names, args), **kwargs)
+            roots = [bound["tensors"]] if isinstance(bound["tensors"], torch.Tensor) else list(bound["tensors"])
+            grads = bound.get("grad_tensors")
+            grads = [grads] if isinstance(grads, torch.Tensor) or grads is None else list(grads)
+            grads = grads + [None] * (len(roots) - len(grads))
+        if len(roots) == 1 and roots[0].numel() == 1:
+            self.losses.append(float(roots[0].detach()))
+        if self.loss_scale is not None:        # (a gradient left implicit for a non-scalar root stays an error)
+            grads = [g if g is None and r.numel() != 1 else (torch.ones_like(r) if g is None else g) * self.loss_scale
+                     for r, g in zip(roots, grads)]
+            if func is torch.Tensor.backward:
+                bound["gradient"] = grads[0]
+            else:
+                bound["grad_tensors"] = grads
+        with torch.autocast(self.device_type, enabled=False):
+            self._scaling = self.loss_scale is not None
+            try:
+                if func is torch.Tensor.backward:
+                    return func(roots[0], **bound)
+                return func(**bound)
+            finally:
+                self._scaling = False
+
+    def linear(self, func, args, kwargs):
+        """F.linear: an FP8 layer's GEMMs, when called by an FP8 nn.Linear with its own weight."""
+        module = self._fp8_stack[-1] if self._fp8_stack else None
+        names = ("input", "weight", "bias")
+        bound = dict(zip(names, args), **kwargs)
+        if module is None or bound.get("weight") is not module.weight:
+            return func(*args, **kwargs)
+        layer = self._fp8_of[module]
+        x = bound["input"]
+        on = torch.is_autocast_enabled(self.device_type)
+        out_dtype = torch.get_autocast_dtype(self.device_type) if on else x.dtype
+        with torch.autocast(self.device_type, enabled=False):
+            return FP8Linear.apply(x, bound["weight"], bound.get("bias"), layer, out_dtype)
+
+
+class _Functions(TorchFunctionMode):
+    """Hands backward calls and F.linear to the emulation; everything else runs as it is."""
+
+    def __init__(self, emulation: Emulation):
+        super().__init__()
+        self.handlers = {torch.Tensor.backward: emulation.backward, torch.autograd.backward: emulation.backward,
+                         torch.autograd.grad: self._grad}
+        if isinstance(emulation.recipe, recipes.FP8Recipe):
+            self.handlers[torch.nn.functional.linear] = emulation.linear
+        self.device_type = emulation.device_type
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        handler = self.handlers.get(func)
+        if handler is None:
+            return func(*args, **(kwargs or {}))
+        return handler(func, args, kwargs or {})
+
+    def _grad(self, func, args, kwargs):
+        with torch.autocast(self.device_type, enabled=False):
+            return func(*args, **kwargs)
+
+
+class _Quiet:
+    """A Tracer client that only wants the module stack."""
+
+    def module_output(self, name, module, output):
+        return None
+
+
+def _to_fp32(x):
+    """x with every fp16/bf16 tensor (in tuples, lists and dicts) cast to float32."""
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_fp32(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_fp32(v) for k, v in x.items()}
+    return x
+
+
+def _device_type(model) -> str:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        device_type = tensor.device.type
+        break
+    else:
+        device_type = "cpu"
+    if not torch.amp.is_autocast_available(device_type):
+        raise ValueError(f"the model lies on {device_type}, where torch.autocast is not available")
+    return device_type
+
+
+def _check_loss_scale(scale):
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"loss_scale must be a positive finite number or None, got {scale!r}")
+    return float(scale)

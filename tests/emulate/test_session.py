@@ -1,0 +1,358 @@
+"""fpsim.emulate on whole training steps, against real low-precision training on the CPU.
+
+Source of truth: real torch.autocast on the CPU (bfloat16 and float16) with a real
+torch.amp.GradScaler, run as an AMP loop is written (autocast around the forward pass and the
+loss), and hand-written equivalents of each option (a module kept in FP32 with autocast off
+and its inputs cast to float32, ...). The emulation runs the same loop unchanged inside
+``fpsim.emulate(model, fmt, policy="cpu")``. On GPTs small enough that every float32 sum in
+their GEMMs is exact (emulate_helpers.TINY), the CPU's low-precision kernels and the
+emulation must agree bit for bit, loss and every gradient, step after step; on a larger GPT,
+the per-step differences stay within what GEMM summation order explains.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fpsim
+from emulate_helpers import DTYPES, TINY, assert_same_steps, emulated, gpt, real_autocast, train, twin
+from fpsim.analyze.gpt import GPTConfig, token_batches
+
+FORMATS = ("bf16", "fp16")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_emulated_steps_equal_real_cpu_autocast_steps_bit_for_bit(fmt):
+    cfg = TINY[fmt]
+    model = gpt(cfg)
+    expected = train(twin(model), cfg, 4, real_autocast(fmt))
+    got, em = emulated(twin(model), cfg, 4, fmt, policy="cpu")
+    assert_same_steps(got, expected)
+    assert em.steps == 4 and em.losses == [loss.item() for loss, _ in expected]
+    assert em.notes == []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_larger_gpt_differs_per_step_only_as_gemm_summation_order_explains(fmt):
+    """Each step from the real run's weights: loss within 1e-5 (relative), every gradient within 0.5%."""
+    cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=32)
+    model = gpt(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in token_batches(cfg, 4, 3, seed=1):
+        real, emu = twin(model), twin(model)
+        with real_autocast(fmt)():
+            _, real_loss = real(x, y)
+        real_loss.backward()
+        with fpsim.emulate(emu, fmt, policy="cpu"):
+            _, emu_loss = emu(x, y)
+            emu_loss.backward()
+        assert abs(emu_loss.item() - real_loss.item()) <= 1e-5 * real_loss.item()
+        for (name, p), q in zip(real.named_parameters(), emu.parameters()):
+            assert (q.grad - p.grad).norm() <= 5e-3 * p.grad.norm(), name
+        with real_autocast(fmt)():
+            _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_a_real_grad_scaler_in_the_loop_works_as_with_real_fp16():
+    cfg = TINY["fp16"]
+    model = gpt(cfg)
+    expected = train(twin(model), cfg, 4, real_autocast("fp16"), scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 12))
+    got, _ = emulated(twin(model), cfg, 4, "fp16", policy="cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 12))
+    assert_same_steps(got, expected)
+
+
+def test_a_fixed_loss_scale_scales_the_backward_pass_and_unscales_each_gradient():
+    cfg, scale = TINY["fp16"], 2.0 ** 10
+    model = gpt(cfg)
+    reference, optimizer = twin(model), None
+    expected = []
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for x, y in token_batches(cfg, 2, 3, seed=1):
+        with real_autocast("fp16")():
+            _, loss = reference(x, y)
+        optimizer.zero_grad()
+        (loss * scale).backward()
+        grads = {n: (p.grad / scale) for n, p in reference.named_parameters()}
+        for p in reference.parameters():
+            p.grad.div_(scale)
+        optimizer.step()
+        expected.append((loss.detach(), grads))
+    got, em = emulated(twin(model), cfg, 3, "fp16", policy="cpu", loss_scale=scale)
+    assert_same_steps(got, expected)
+    assert em.loss_scale == scale
+
+
+def _overflowing_gpt():
+    return GPTConfig(n_layer=1, n_embd=8, n_head=2, block_size=8, vocab_size=16, logit_gain=1e8)
+
+
+class _AttentionLogits(TorchDispatchMode):
+    """The attention logits (q k^T times the scale: aten.mul on 4-d tensors) of a forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mul.Tensor and out.dim() == 4:
+            self.logits.append(out.clone())
+        return out
+
+
+@pytest.mark.parametrize("policy", ["cpu", "cuda"])
+def test_attention_logits_beyond_65504_overflow_in_emulated_fp16_as_in_real_fp16(policy):
+    cfg = _overflowing_gpt()
+    model = gpt(cfg)
+    x, y = next(token_batches(cfg, 2, 1, seed=1))
+    real = _AttentionLogits()
+    with torch.autocast("cpu", dtype=torch.float16), real:
+        _, real_loss = model(x, y)
+    emulation = _AttentionLogits()
+    with fpsim.emulate(model, "fp16", policy=policy):
+        with emulation:
+            _, loss = model(x, y)
+    (want,), (got,) = real.logits, emulation.logits
+    assert got.dtype == want.dtype == torch.float16
+    assert bool(want.isinf().any()) and torch.equal(got.isinf(), want.isinf())
+    assert real_loss.isnan() and loss.isnan()
+    with fpsim.emulate(model, "bf16", policy=policy):
+        assert torch.isfinite(model(x, y)[1])        # bf16 has FP32's range
+
+
+class _SavedDtypes:
+    """The dtype of every tensor autograd saves for backward."""
+
+    def __init__(self):
+        self.dtypes = []
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    def _pack(self, t):
+        self.dtypes.append(t.dtype)
+        return t
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_state_of_the_fp32_run_leaks_into_the_emulated_one(fmt):
+    """After FP32 steps, emulated steps equal real autocast steps from there, and autograd saves exactly
+    the tensors real autocast saves, dtype for dtype: no FP32 copy stands in for a low-precision one, and
+    every step casts the current master weights (no stale cast)."""
+    cfg = TINY[fmt]
+    model = gpt(cfg)
+    train(model, cfg, 2)                                   # the FP32 run so far
+    expected = train(twin(model), cfg, 3, real_autocast(fmt))
+    got, _ = emulated(twin(model), cfg, 3, fmt, policy="cpu")
+    assert_same_steps(got, expected)
+    x, y = next(token_batches(cfg, 2, 1, seed=2))
+    with real_autocast(fmt)(), _SavedDtypes() as real:
+        twin(model)(x, y)
+    emu_model = twin(model)
+    with fpsim.emulate(emu_model, fmt, policy="cpu"), _SavedDtypes() as emu:
+        emu_model(x, y)
+    assert emu.dtypes == real.dtypes and DTYPES[fmt] in real.dtypes
+
+
+def _global_state():
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    x = torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cpu_policy = [torch.softmax(x, -1).dtype, torch.exp(x @ x).dtype]
+    return dict(autocast=(torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")), cpu_policy=cpu_policy,
+                modes=(len(_get_current_function_mode_stack()), len(_get_current_dispatch_mode_stack())),
+                module_hooks=(len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)),
+                optimizer_hooks=(len(optim_module._global_optimizer_pre_hooks),
+                                 len(optim_module._global_optimizer_post_hooks)))
+
+
+@pytest.mark.parametrize("recipe, options", [("fp16", {"loss_scale": 256.0, "keep": ["h.0.attn:mul"]}),
+                                             ("fp8", {"keep": ["h.0.ln_1"]}), ("bf16", {"layers": ["h.0.mlp"]})])
+def test_the_run_goes_on_unaltered_after_the_block(recipe, options):
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    before = _global_state()
+    with fpsim.emulate(model, recipe, **options):
+        train(model, cfg, 2)
+    assert _global_state() == before
+    assert all(not p._backward_hooks for p in model.parameters())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    expected = train(twin(model), cfg, 2)
+    assert_same_steps(train(twin(model), cfg, 2), expected)      # plain FP32 steps, as before
+
+
+def test_the_block_cleans_up_when_the_loop_raises():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    before = _global_state()
+    with pytest.raises(ZeroDivisionError):
+        with fpsim.emulate(model, "fp16", loss_scale=8.0, keep=["h.0.attn:mul"]):
+            model(*next(token_batches(cfg, 2, 1)))
+            1 / 0
+    assert _global_state() == before
+
+
+def test_emulations_do_not_nest():
+    model = gpt(TINY["bf16"])
+    with fpsim.emulate(model, "bf16"):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with fpsim.emulate(model, "fp16"):
+                pass
+
+
+def test_a_kept_module_runs_as_one_keeps_it_by_hand():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    attention = reference.h[0].attn
+    forward = attention.forward
+
+    def in_fp32(x):              # how one keeps a module in FP32 by hand under autocast
+        with torch.autocast("cpu", enabled=False):
+            return forward(x.float())
+
+    attention.forward = in_fp32
+    expected = train(reference, cfg, 3, real_autocast("bf16"))
+    got, em = emulated(twin(model), cfg, 3, "bf16", policy="cpu", keep=["h.0.attn"])
+    assert_same_steps(got, expected)
+    assert em.selection.kept_modules == {"h.0.attn"}
+
+
+def test_a_kept_op_runs_as_one_keeps_it_by_hand():
+    """keep=["h.0.attn:mul"]: the attention logits' scaling in FP32, as if written
+    ``with autocast(enabled=False): att = att.float() * scale``."""
+    cfg = TINY["fp16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    attention = reference.h[0].attn
+
+    def forward(x):                      # CausalSelfAttention.forward, the mul by hand in FP32
+        B, T, C = x.shape
+        q, k, v = attention.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, attention.n_head, C // attention.n_head).transpose(1, 2) for t in (q, k, v))
+        with torch.autocast("cpu", enabled=False):
+            att = (q @ k.transpose(-2, -1)).float() * attention.scale
+        att = att.masked_fill(~attention.mask[:, :, :T, :T], float("-inf"))
+        att = attention.attn_dropout(torch.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return attention.c_proj(y)
+
+    attention.forward = forward
+    expected = train(reference, cfg, 3, real_autocast("fp16"))
+    got, em = emulated(twin(model), cfg, 3, "fp16", policy="cpu", keep=["h.0.attn:mul"])
+    assert_same_steps(got, expected)
+    assert em.selection.kept_ops == {"mul": {"h.0.attn"}}
+
+
+def test_emulating_only_some_layers_runs_the_rest_in_fp32():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    mlp = reference.h[1].mlp
+    forward = mlp.forward
+
+    def emulated_alone(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            return forward(x).float()
+
+    mlp.forward = emulated_alone
+    expected = train(reference, cfg, 3)
+    got, _ = emulated(twin(model), cfg, 3, "bf16", policy="cpu", layers=["h.1.mlp"])
+    assert_same_steps(got, expected)
+
+
+def test_without_master_weights_the_weights_are_stored_in_the_low_format():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.copy_(p.bfloat16())
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    expected = []
+    for x, y in token_batches(cfg, 2, 3, seed=1):
+        with real_autocast("bf16")():
+            _, loss = reference(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        expected.append((loss.detach(), {n: p.grad.clone() for n, p in reference.named_parameters()}))
+        optimizer.step()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.copy_(p.bfloat16())
+    emu_model = twin(model)
+    got, _ = emulated(emu_model, cfg, 3, "bf16", policy="cpu", master_weights=False)
+    assert_same_steps(got, expected)
+    assert all(torch.equal(p, p.bfloat16().float()) for p in emu_model.parameters())
+
+
+def test_a_gpu_device_accumulates_gemms_as_its_tensor_cores_do():
+    """sum = 1 + 2^-8 + 1.5 * 2^-24: float32 rounds the last term up to one ulp (2^-23), above bf16's tie
+    at 1 + 2^-8, so bf16 gives 1 + 2^-7; the H100's block FMA truncates it away (Fasi et al. 2021), the
+    tie goes to even: 1. The loop is the same either way."""
+    layer = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 2.0 ** -8, 1.5 * 2.0 ** -24]]))
+    x = torch.ones(1, 3)
+    outputs = {}
+    for device in (None, "h100"):
+        with fpsim.emulate(layer, "bf16", device=device):
+            y = layer(x)
+            y.sum().backward()
+        outputs[device] = y.item()
+    assert outputs == {None: 1 + 2.0 ** -7, "h100": 1.0}
+
+
+def test_compare_gives_each_recipes_loss_curve_from_the_same_start():
+    cfg = TINY["bf16"]
+
+    def build():
+        return gpt(cfg, seed=7)
+
+    def loop(model):
+        train(model, cfg, 3)
+
+    runs = fpsim.emulate.compare(build, loop, {"fp32": "fp32", "bf16": "bf16", "fp16 x1024": ("fp16", {"loss_scale": 1024.0})})
+    assert list(runs) == ["fp32", "bf16", "fp16 x1024"]
+    assert runs["fp32"].losses == [loss.item() for loss, _ in train(build(), cfg, 3)]
+    assert [run.recipe for run in runs.values()] == ["fp32", "bf16", "fp16"]
+    assert all(len(run.losses) == 3 and run.steps == 3 for run in runs.values())
+    assert runs["bf16"].losses[0] != runs["fp32"].losses[0]
+
+
+def test_matrix_products_the_tensor_core_model_does_not_cover_are_named():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    with fpsim.emulate(net, "bf16", device="h100") as em:
+        net(torch.randn(2, 3, 8, 8)).sum().backward()
+    (note,) = em.notes
+    assert note.startswith("accumulated in FP32, not on the h100 tensor-core model") and "convolution" in note
+
+
+def test_the_summary_says_what_ran_how():
+    import json
+
+    cfg = TINY["bf16"]
+    _, em = emulated(gpt(cfg), cfg, 2, "fp8", keep=["lm_head", "h.0.attn:mul"], loss_scale=4.0)
+    summary = json.loads(json.dumps(em.summary()))
+    assert summary["recipe"] == "fp8" and summary["steps"] == 2 and len(summary["losses"]) == 2
+    assert summary["kept_modules"] == ["lm_head"] and summary["kept_ops"] == {"mul": ["h.0.attn"]}
+    assert summary["loss_scale"] == 4.0 and summary["device"] is None and summary["policy"] == "cuda"
+    layer = summary["fp8_layers"]["h.0.mlp.c_fc"]
+    assert layer["grad_output"]["format"] == "e5m2"
+    assert layer["input"]["scale"] == em.fp8_layers["h.0.mlp.c_fc"].input.used.item()
