@@ -44,11 +44,19 @@ LITERAL = {"parse_math": False}
 """Text keyword arguments that draw a user's name as written: no mathtext for '$', '_' or '^'."""
 
 
-def format_colour(name: str) -> str:
-    """The colour of a format (by canonical name); a custom format gets a fixed colour of its own."""
+def format_colour(fmt) -> str:
+    """The colour of a format (a Format, or a name or alias); a custom format gets a fixed colour of its own."""
+    from ..formats import Format, format as get_format
+
+    name = fmt.name if isinstance(fmt, Format) else str(fmt)
+    if name not in FORMAT_COLOURS:
+        try:
+            name = get_format(name).name
+        except ValueError:   # a label of a format fpsim does not name: still one colour, always the same
+            pass
     if name in FORMAT_COLOURS:
         return FORMAT_COLOURS[name]
-    return _SPARE_COLOURS[zlib.crc32(str(name).encode()) % len(_SPARE_COLOURS)]
+    return _SPARE_COLOURS[zlib.crc32(name.encode()) % len(_SPARE_COLOURS)]
 
 
 def series_style(i: int) -> dict:

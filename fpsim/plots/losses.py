@@ -1,6 +1,7 @@
-"""Figures on a log2 loss-scale axis: final loss against the scale, each layer's usable window,
-and a loss scale over the steps of a run. Every window of good scales is shaded by one function
-(`shade_window`), so a predicted window looks the same in a study and in a report."""
+"""Figures of training losses and loss scales: loss curves over steps, final loss against the loss
+scale, each layer's usable loss-scale window, and a loss scale over the steps of a run. Every
+window of good scales is shaded by one function (`shade_window`), so a predicted window looks the
+same in a study and in a report."""
 
 from __future__ import annotations
 
@@ -10,10 +11,44 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .style import (NORMAL_ALPHA, RECOMMENDED, SUBNORMAL_ALPHA, WINDOW, bars, figure, format_colour, outside_legend,
-                    rc, row_labels, series_style)
+from .style import (LINESTYLES, NORMAL_ALPHA, RECOMMENDED, SUBNORMAL_ALPHA, WINDOW, bars, figure, format_colour,
+                    outside_legend, rc, row_labels, series_style)
 
 SCALE_LABEL = "loss scale S  (log2 S)"
+
+
+def loss_curves(curves, *, title: str | None = None, xlabel: str = "step (backward pass)",
+                ylabel: str = "training loss", logy: bool = True):
+    """Training losses against step, one line per run (for example FP32 beside emulated recipes).
+
+    curves: mapping label -> sequence of losses, drawn in order. A run's
+    non-finite losses (NaN, Inf: it diverged) are marked with a cross on the
+    top edge at their steps, so a run that broke is seen where it broke.
+    """
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves must map run labels to sequences of losses")
+    series = {label: np.asarray(list(values), dtype=float) for label, values in curves.items()}
+    finite = np.concatenate([v[np.isfinite(v)] for v in series.values()] + [np.zeros(0)])
+    logy = logy and finite.size > 0 and bool(np.all(finite > 0))
+    top = float(finite.max()) if finite.size else 1.0
+    with rc():
+        fig, axes = figure(7.5, 4.6, rows=1)
+        ax = axes[0, 0]
+        for i, (label, values) in enumerate(series.items()):
+            steps = np.arange(1, values.size + 1)
+            ok = np.isfinite(values)
+            colour = series_style(i)["color"]
+            ax.plot(steps[ok], values[ok], color=colour, linestyle=LINESTYLES[i % len(LINESTYLES)], label=label)
+            if (~ok).any():
+                ax.plot(steps[~ok], np.full((~ok).sum(), top), linestyle="none", marker="x", markersize=7,
+                        color=colour, label=f"{label}: NaN/Inf loss")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title or "Loss curves")
+        outside_legend(fig, ax, loc="outside lower center", ncol=2)
+    return fig
 
 
 def shade_window(ax, lo_log2: float, hi_log2: float, recommended_log2=None, *, label: str | None = None,
