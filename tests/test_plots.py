@@ -114,6 +114,12 @@ def test_a_format_has_one_colour_in_every_builder():
     assert plots.format_colour("float16") == plots.format_colour("fp16")   # aliases are the same format
 
 
+def test_every_preset_has_a_colour_of_its_own():
+    from fpsim.formats import PRESETS
+
+    assert len({plots.format_colour(name) for name in PRESETS}) == len(PRESETS)
+
+
 def test_relative_error_envelope_matches_round_to_nearest():
     # fp16: unit roundoff u = 2^-11, so the largest error in a normal binade is u / (1 + u)
     binades, env = plots.relative_error_envelope("fp16", -27, 17, points_per_binade=512)

@@ -20,11 +20,12 @@ RC = {
 FORMAT_COLOURS = {
     "fp16": "#d62728", "bf16": "#1f77b4", "e4m3": "#2ca02c", "e5m2": "#9467bd",
     "fp32": "#7f7f7f", "tf32": "#8c564b", "fp64": "#393b79",
-    "e3m2": "#ff7f0e", "e2m3": "#e377c2", "e2m1": "#17becf", "e8m0": "#636363",
+    "e3m2": "#ff7f0e", "e2m3": "#e377c2", "e2m1": "#17becf", "e8m0": "#000000",
     "e4m3fnuz": "#bcbd22", "e5m2fnuz": "#6b6ecf",
+    "e3m4": "#843c39", "e4m3ieee": "#7b4173", "e4m3b11fnuz": "#8c6d31", "e5m3fnu": "#637939",
 }
 """Each named format's colour, by its canonical name (`Format.name`)."""
-_SPARE_COLOURS = ("#843c39", "#637939", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#8c6d31")
+_SPARE_COLOURS = ("#e6550d", "#31a354", "#756bb1", "#ad494a", "#5254a3", "#b5cf6b", "#de9ed6", "#9c9ede")
 
 SERIES_COLOURS = ("#222222", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#1f77b4",
                   "#2ca02c", "#9467bd")
