@@ -89,7 +89,8 @@ def sweep(x, results, *, exact=None, xlabel: str, ylabel: str, title: str | None
             values = np.asarray(values, float)
             if values.shape != x.shape:
                 raise ValueError(f"{label!r}: {values.size} results for {x.size} inputs")
-            ax.plot(x, values, color=series_style(i)["color"], marker=series_style(i)["marker"], markersize=9 - 3 * i / max(1, n - 1),
+            style = series_style(i)
+            ax.plot(x, values, color=style["color"], marker=style["marker"], markersize=9 - 3 * i / max(1, n - 1),
                     linewidth=2.2 - i * 0.8 / max(1, n - 1), drawstyle="steps-post" if steps else "default",
                     label=label, zorder=2 + i)
         for xm, mlabel in marks or ():

@@ -161,8 +161,8 @@ def layer_windows(rows, panels, *, title: str = ""):
         for i, w in enumerate(panel.windows):
             if w is None:
                 ax.text(lo + 0.5, i, "no usable scale", va="center", fontsize=7.5, color="0.3")
-        for served, style in ((True, dict(alpha=NORMAL_ALPHA)),
-                              (False, dict(alpha=SUBNORMAL_ALPHA + 0.15, hatch="///", edgecolors=colour, linewidths=0))):
+        unserved_style = dict(alpha=SUBNORMAL_ALPHA + 0.15, hatch="///", edgecolors=colour, linewidths=0)
+        for served, style in ((True, dict(alpha=NORMAL_ALPHA)), (False, unserved_style)):
             shown = [(i, w) for i, (w, s) in enumerate(zip(panel.windows, panel.served))
                      if w is not None and s == served]
             if shown:

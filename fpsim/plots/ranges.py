@@ -30,7 +30,8 @@ def format_ranges(formats=DEFAULT_FORMATS, *, title: str | None = None, xlim=Non
         if annotate:
             for i, fmt in enumerate(fmts):
                 bits = "bit" if fmt.precision == 1 else "bits"
-                note = f"p = {fmt.precision} {bits}, ε = $2^{{{-fmt.man_bits}}}$" + ("" if fmt.signed else ", unsigned")
+                note = f"p = {fmt.precision} {bits}, ε = $2^{{{-fmt.man_bits}}}$" + ("" if fmt.signed else
+                                                                                   ", unsigned")
                 ax.annotate(note, (D.span(fmt)[2], len(fmts) - 1 - i), xytext=(4, 0), textcoords="offset points",
                             va="center", fontsize=8.5)
         ax.set_ylabel("format")
@@ -75,7 +76,8 @@ def rounding_error(formats=DEFAULT_FORMATS, *, log2_range=None, rounding: str = 
         ax.set_ylim(bottom=min(2.0 ** -(max(f.precision for f in fmts) + 3), 1e-3), top=3.0)
         ax.set_xlim(lo, hi)
         binade_axis(ax)
-        ax.set_ylabel("largest relative error |q(x) − x| / |x| in each binade\n(dimensionless; 1 = lost: rounded to 0, Inf or NaN)")
+        ax.set_ylabel("largest relative error |q(x) − x| / |x| in each binade\n"
+                      "(dimensionless; 1 = lost: rounded to 0, Inf or NaN)")
         ax.set_title(title or f"Relative rounding error against magnitude ({rounding.replace('_', ' ')})")
         outside_legend(fig, ax)
     return fig
