@@ -37,6 +37,7 @@ def _figures():
                                        points=[(256, 0.02, "published")]),
         "error_vs_k_panels": plots.error_vs_k(ks, None, panels={"left": {"a": [1, 2, 3, 4]},
                                                                 "right": {"a": [4, 3, 2, 1], "b": [1, 1, 1, 1]}}),
+        "loss_curves": plots.loss_curves({"fp32": [2.0, 1.0, 0.5], "fp16": [2.0, float("inf"), float("nan")]}),
         "sweep": plots.sweep([0, 1, 2, 3], {"model": [0, 1, 0, 1]}, exact=[0, 1, 2, 3], xlabel="c (units)",
                              ylabel="d (units)", marks=[(2, "boundary")]),
     }
@@ -79,6 +80,46 @@ def test_legends_sit_outside_every_axes(figures):
                 assert not box.overlaps(ax.get_window_extent(renderer)), f"{name}: legend overlaps an axes"
 
 
+def test_every_artist_lies_inside_the_saved_figure(figures):
+    for name, fig in figures.items():
+        fig.savefig(io.BytesIO(), format="png")
+        renderer = fig.canvas.get_renderer()
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        boxes += [legend.get_window_extent(renderer) for legend in fig.legends]
+        for box in boxes:
+            assert box.x0 >= -1 and box.y0 >= -1, f"{name}: clipped at the left or bottom"
+            assert box.x1 <= fig.bbox.x1 + 1 and box.y1 <= fig.bbox.y1 + 1, f"{name}: clipped at the right or top"
+
+
+def test_a_format_has_one_colour_in_every_builder():
+    """Read back from the drawn artists: fp16's range bar, its error curve and its subnormal line agree."""
+    from matplotlib.colors import to_rgb
+
+    def colours(fig, name):
+        found = set()
+        for artist in fig.findobj(lambda a: a.get_gid() == f"format:{name}"):
+            if hasattr(artist, "get_xydata"):
+                found.add(to_rgb(artist.get_color()))
+            elif getattr(artist, "get_fill", lambda: True)():
+                found.update(to_rgb(c) for c in np.atleast_2d(artist.get_facecolor()))
+            else:
+                found.add(to_rgb(artist.get_edgecolor()))
+        return found
+
+    figs = [plots.format_ranges(["bf16", "fp16"]), plots.rounding_error(["fp16", "e4m3"], points_per_binade=8),
+            plots.log2_histogram(np.array([1e-3, 1.0]), ("e5m2", "fp16"))]
+    found = [colours(fig, "fp16") for fig in figs]
+    assert all(len(f) == 1 for f in found) and found[0] == found[1] == found[2]
+    assert colours(figs[0], "bf16") != found[0]
+    assert plots.format_colour("float16") == plots.format_colour("fp16")   # aliases are the same format
+
+
+def test_every_preset_has_a_colour_of_its_own():
+    from fpsim.formats import PRESETS
+
+    assert len({plots.format_colour(name) for name in PRESETS}) == len(PRESETS)
+
+
 def test_relative_error_envelope_matches_round_to_nearest():
     # fp16: unit roundoff u = 2^-11, so the largest error in a normal binade is u / (1 + u)
     binades, env = plots.relative_error_envelope("fp16", -27, 17, points_per_binade=512)
@@ -114,6 +155,7 @@ def test_lost_fractions_count_zeros_and_overflow():
     lambda: plots.error_vs_k([16, 32], {}),
     lambda: plots.sweep([0, 1], {"a": [0]}, xlabel="x", ylabel="y"),
     lambda: plots.relative_error_envelope("fp16", 3, 1),
+    lambda: plots.loss_curves({}),
 ])
 def test_bad_input_is_refused(call):
     with pytest.raises((ValueError, TypeError)):
