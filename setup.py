@@ -1,4 +1,5 @@
-"""Build the optional C kernel of the rounding engine; fpsim works without it (numpy path)."""
+"""Build the optional C kernels: the rounding engine's and the analyzer's histograms; fpsim works without them
+(numpy and torch paths)."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +10,12 @@ setup(
             sources=["fpsim/_fastround.c"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
-        )
+        ),
+        Extension(
+            "fpsim._fasthist",
+            sources=["fpsim/_fasthist.c"],
+            extra_compile_args=["-O3"],
+            optional=True,  # no compiler: install anyway and count with torch operations
+        ),
     ]
 )

@@ -7,9 +7,14 @@ op's floating-point outputs to a client, which may observe them or return
 replacements (emulation rounds them):
 
     client.forward_op(site, outputs)    -> None, or a list of replacement tensors
-    client.backward_op(site, outputs)   -> None, or a list of replacement tensors
-    client.output_grad(site, grads)     (the gradients of a forward op's outputs)
+    client.backward_op(site, outputs)   -> None, or a list of replacement tensors (optional)
+    client.output_grad(site, grads)     (the gradients of a forward op's outputs; optional)
     client.module_output(name, module, output)
+
+A client without `backward_op` gets no backward ops: the mode steps aside
+while autograd's engine runs (torch.autograd's `_engine_run_backward` is
+wrapped while such a tracer is attached), so that a backward pass costs what
+it costs unobserved; gradient pre-hooks and parameter hooks still run.
 
 How the pieces are found:
 - the innermost module: a stack kept by global forward pre/post hooks (the
@@ -54,10 +59,10 @@ class Site:
 
     module: str
     op: str
+    name: str = dataclasses.field(init=False, compare=False, repr=False)
 
-    @property
-    def name(self) -> str:
-        return f"{self.module}:{self.op}"
+    def __post_init__(self):
+        object.__setattr__(self, "name", f"{self.module}:{self.op}")
 
 
 def unwrap(module):
@@ -154,13 +159,20 @@ def _inside_script(name: str, core) -> bool:
     return False
 
 
-def _skipped(func) -> bool:
-    """View ops make no new values; empty allocations hold garbage."""
+def _op_name(func):
+    """The op's short name ('mul'), or None for ops whose outputs are skipped: views make no new values,
+    empty allocations hold garbage, constants and copies repeat what is known."""
     name = func._schema.name
-    return func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
-        "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros", "aten::ones",
-        "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones", "aten::new_full",
-        "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy")
+    if func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
+            "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros",
+            "aten::ones", "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones",
+            "aten::new_full", "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy"):
+        return None
+    return name.split("::")[-1]
+
+
+_OP_NAMES: dict = {}
+"""OpOverload -> its short name, or None when its outputs are skipped (filled as ops are first seen)."""
 
 
 def _float_outputs(out) -> list:
@@ -200,7 +212,7 @@ def _make_mode_class():
             return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            out = func._op(*args, **kwargs) if kwargs else func._op(*args)   # what func(...) calls
             return self.tracer._on_op(func, out, args)
 
     return _Mode
@@ -213,8 +225,8 @@ class Tracer:
     """Op-level interception for one client: `attach()` (or a with block) starts it, `close()` ends it.
 
     names: a ModuleNames (the client names its model there first). The client
-    switches op interception on and off with `intercept(bool)` (the module
-    stack is kept either way, so that turning it on mid-run attributes right).
+    switches op interception on and off with `intercept(bool)`, and the module
+    hooks with `modules(bool)` (between steps: the module stack starts empty).
     """
 
     def __init__(self, client, names: ModuleNames | None = None):
@@ -226,17 +238,33 @@ class Tracer:
         self._last_sequence = -1
         self._busy = threading.local()           # the client's own tensor work passes through untouched
         self._mode = None
+        self._aside = False                      # the mode is popped while autograd's engine runs
         self._handles: list = []
+        self._sites: dict = {}                   # (module name, op) -> Site
         self.error = None
         self._grad_wanted = hasattr(client, "output_grad")
+        self._backward_wanted = hasattr(client, "backward_op")
 
     # ------------------------------------------------------------ life cycle
     def attach(self) -> "Tracer":
+        """Start following modules (the global module hooks); `intercept(True)` starts the op interception."""
+        self.modules(True)
+        if not self._backward_wanted:
+            _steps_aside_in_backward(self, True)
+        return self
+
+    def modules(self, on: bool) -> None:
+        """Add or remove the global module hooks (steps nobody observes need not pay for them)."""
         from torch.nn.modules import module as nn_module
 
-        self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
-                         nn_module.register_module_forward_hook(self._on_post, always_call=True)]
-        return self
+        if on and not self._handles:
+            self._stack.clear()
+            self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
+                             nn_module.register_module_forward_hook(self._on_post, always_call=True)]
+        elif not on:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def intercept(self, on: bool) -> None:
         """Push or pop the dispatch mode (ops cost nothing extra while it is off)."""
@@ -249,7 +277,9 @@ class Tracer:
             self._mode = _MODE_CLASS(self)
             self._mode.__enter__()
         elif not on and self._mode is not None:
-            if _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
+            if self._aside:                                   # popped for a backward pass: it stays out
+                self._mode = None
+            elif _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
                 self._mode.__exit__(None, None, None)
                 self._mode = None
             else:
@@ -258,9 +288,8 @@ class Tracer:
     def close(self) -> None:
         """Remove the hooks and the mode (idempotent)."""
         self.intercept(False)
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.modules(False)
+        _steps_aside_in_backward(self, False)
         self._stack.clear()
         self.forget_graph()
 
@@ -332,14 +361,20 @@ class Tracer:
     def _on_op(self, func, out, args=()):
         import torch
 
-        if getattr(self._busy, "on", False) or _skipped(func):
+        op = _OP_NAMES.get(func, False)
+        if op is False:
+            op = _OP_NAMES[func] = _op_name(func)
+        if op is None or getattr(self._busy, "on", False):
             return out
         outputs = _float_outputs(out)
         if not outputs:
             return out
         node = torch._C._current_autograd_node()
         if node is None:
-            site = Site(self.current_module(), func._schema.name.split("::")[-1])
+            module = self._stack[-1] if self._stack else OUTSIDE
+            site = self._sites.get((module, op))
+            if site is None:
+                site = self._sites[(module, op)] = Site(module, op)
             sequence = torch._C._autograd._get_sequence_nr()
             if sequence != self._last_sequence:      # this op made an autograd node: remember it
                 self._last_sequence = sequence
@@ -350,7 +385,7 @@ class Tracer:
                 self._hook_inputs(args)
             handler = self.client.forward_op
         else:
-            site = self._nodes.get(node._sequence_nr())
+            site = self._nodes.get(node._sequence_nr()) if self._backward_wanted else None
             if site is None:                          # a node no observed forward op made (compiled code)
                 return out
             handler = self.client.backward_op
@@ -360,6 +395,55 @@ class Tracer:
         finally:
             self._busy.on = False
         return out if new is None else _replace(out, outputs, new)
+
+
+_BACKWARD_ASIDE: list = []
+"""Attached tracers whose mode steps aside while autograd's engine runs."""
+_ENGINE_RUN_BACKWARD: list = []
+"""torch.autograd's own _engine_run_backward (kept once it has been wrapped)."""
+
+
+def _steps_aside_in_backward(tracer, on: bool) -> None:
+    """Enlist or release a tracer; the engine call is wrapped while any tracer is enlisted.
+
+    Without torch.autograd._engine_run_backward (an internal name), backward ops
+    pass through the mode and are dropped there: slower, the same counts.
+    """
+    import torch.autograd
+
+    if on and tracer not in _BACKWARD_ASIDE:
+        engine = getattr(torch.autograd, "_engine_run_backward", None)
+        if not _BACKWARD_ASIDE and engine is not None and engine is not _run_backward_aside:
+            _ENGINE_RUN_BACKWARD[:] = [engine]
+            torch.autograd._engine_run_backward = _run_backward_aside
+        _BACKWARD_ASIDE.append(tracer)
+    elif not on and tracer in _BACKWARD_ASIDE:
+        _BACKWARD_ASIDE.remove(tracer)
+        if not _BACKWARD_ASIDE and getattr(torch.autograd, "_engine_run_backward", None) is _run_backward_aside:
+            torch.autograd._engine_run_backward = _ENGINE_RUN_BACKWARD[0]
+
+
+def _run_backward_aside(*args, **kwargs):
+    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    popped = []
+    for tracer in reversed(_BACKWARD_ASIDE):
+        mode = tracer._mode
+        if mode is None:
+            continue
+        if _get_current_dispatch_mode() is not mode:
+            break
+        mode.__exit__(None, None, None)
+        tracer._aside = True
+        popped.append((tracer, mode))
+    try:
+        return _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
+    finally:
+        for tracer, mode in reversed(popped):
+            tracer._aside = False
+            if tracer._mode is mode:       # not switched off meanwhile
+                mode.__enter__()
 
 
 class _Busy:

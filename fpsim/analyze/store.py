@@ -1,18 +1,23 @@
-"""Device-side accumulators of an observed run, with bounded memory and no host synchronisation.
+"""Accumulators of an observed run, with bounded memory and no host synchronisation.
 
-Hooks hand each observed tensor's counts here (`add`); they wait in a short
-list and are folded into one table per quantity at the end of the step
-(`flush`): the log2 histograms (one row per (module, kind) record), the
-running amax, the first step that saw Inf or NaN, the per-format counts of
-updates a low-precision weight would lose, and the per-step amax of all
-gradients (a bounded array: when full, neighbouring steps merge by max and
-each entry then stands for twice as many steps). Everything stays on the
-device until `snapshot()`, the one place that reads back to the host.
+Hooks hand each observed tensor's counts here (`add`): the log2 histograms
+(one row per (module, kind) record), the running amax, the first step that
+saw Inf or NaN, the per-format counts of updates a low-precision weight would
+lose, and the per-step amax of all gradients (a bounded array: when full,
+neighbouring steps merge by max and each entry then stands for twice as many
+steps). The tables are torch tensors on the device of the first tensor seen.
+
+Counts made on the host (the compiled kernel's, for CPU tensors) are added to
+CPU tables at once, through numpy views of them. Counts made on a device wait
+in a short list and are folded into the tables at the end of the step
+(`flush`), with a few torch operations and no host read; everything stays on
+the device until `snapshot()`, the one place that reads back to the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -38,6 +43,13 @@ class Snapshot:
     steps_per_entry: int
 
 
+def nan_max(a: float, b: float) -> float:
+    """max(a, b), NaN when either is NaN (as torch.maximum)."""
+    if a != a or b != b:
+        return math.nan
+    return a if a >= b else b
+
+
 class Store:
     """All accumulators of one watch, on one device."""
 
@@ -50,9 +62,12 @@ class Store:
         self.keys: list = []
         self.index: dict = {}
         self.samples: list[int] = []
+        self._gradient: list[bool] = []    # per row: a gradient kind (feeds the per-step amax)
         self._pending: list = []
         self._pending_lost: list = []
         self._rows_cache: dict = {}
+        self._host = None                  # numpy views of CPU tables (None on other devices)
+        self._step_gradient_amax = -math.inf  # the largest gradient amax added on the host this step
 
     # --------------------------------------------------------------- tables
     def _allocate(self, device) -> None:
@@ -65,6 +80,13 @@ class Store:
         self.lost = torch.zeros((0, self.n_formats), dtype=torch.int64, device=device)
         self.step_amax = torch.full((self.step_capacity,), -torch.inf, dtype=torch.float32, device=device)
         self.steps_per_entry = 1
+        self._view()
+
+    def _view(self) -> None:
+        """Refresh the numpy views of CPU tables (after any table was replaced)."""
+        if self.device is not None and self.device.type == "cpu":
+            self._host = _HostViews(self.raw.numpy(), self.amax.numpy(), self.first_nonfinite.numpy(),
+                                    self.lost.numpy(), self.step_amax.numpy())
 
     def row(self, key, device) -> int:
         """The row of a (record name, kind) record, created on first use (tables grow by doubling)."""
@@ -79,6 +101,7 @@ class Store:
         self.index[key] = row
         self.keys.append(key)
         self.samples.append(0)
+        self._gradient.append(key[1] in GRADIENT_KINDS)
         return row
 
     def _grow(self, rows: int) -> None:
@@ -93,18 +116,36 @@ class Store:
         self.amax = grown(self.amax, 0.0)
         self.first_nonfinite = grown(self.first_nonfinite, NO_STEP)
         self.lost = grown(self.lost, 0)
+        self._view()
 
     # ------------------------------------------------------------- updates
-    def add(self, row: int, counts, low, high, step: int) -> None:
-        """Queue one tensor's counts and its min and max for `row` (folded in at the next flush)."""
+    def add(self, row: int, counts, amax, step: int) -> None:
+        """Add one tensor's counts (int64[RAW_SIZE]) and amax to `row`, as an observation of `step`.
+
+        Host counts (numpy, with a float amax) go into CPU tables at once;
+        device counts (torch) are folded in at the next flush.
+        """
         self.samples[row] += 1
-        self._pending.append((row, counts, low, high))
-        if len(self._pending) >= MAX_PENDING:
-            self.flush(step)
+        host = self._host
+        if host is None or not isinstance(counts, np.ndarray):
+            self._pending.append((row, counts, amax))
+            if len(self._pending) >= MAX_PENDING:
+                self.flush(step)
+            return
+        host.raw[row] += counts
+        if not amax <= host.amax[row]:             # larger, or NaN
+            host.amax[row] = nan_max(amax, float(host.amax[row]))
+        if amax != amax or amax == math.inf:
+            host.first_nonfinite[row] = min(int(host.first_nonfinite[row]), step)
+        if self._gradient[row]:
+            self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
     def add_lost(self, row: int, lost) -> None:
-        """Queue per-format counts of lost updates (int64 [n_formats]) for an update record."""
-        self._pending_lost.append((row, lost))
+        """Add per-format counts of lost updates (int64 [n_formats], numpy or torch) for an update record."""
+        if self._host is not None and isinstance(lost, np.ndarray):
+            self._host.lost[row] += lost
+        else:
+            self._pending_lost.append((row, lost))
 
     def _rows(self, rows: tuple):
         import torch
@@ -113,7 +154,7 @@ class Store:
         if cached is None:
             if len(self._rows_cache) > 64:
                 self._rows_cache.clear()
-            gradient = [self.keys[r][1] in GRADIENT_KINDS for r in rows]
+            gradient = [self._gradient[r] for r in rows]
             cached = (torch.tensor(rows, dtype=torch.int64, device=self.device),
                       torch.tensor(gradient, dtype=torch.bool, device=self.device))
             self._rows_cache[rows] = cached
@@ -123,13 +164,14 @@ class Store:
         """Fold everything queued into the tables, as observations of `step`."""
         import torch
 
+        if self._step_gradient_amax != -math.inf:
+            self._record_step_amax(step, torch.tensor(self._step_gradient_amax, dtype=torch.float32))
+            self._step_gradient_amax = -math.inf
         if self._pending:
-            rows = tuple(r for r, _, _, _ in self._pending)
+            rows = tuple(r for r, _, _ in self._pending)
             index, is_gradient = self._rows(rows)
-            counts = torch.stack([c.to(self.device) for _, c, _, _ in self._pending])
-            lows = torch.stack([v.to(self.device, torch.float32) for _, _, v, _ in self._pending])
-            highs = torch.stack([v.to(self.device, torch.float32) for _, _, _, v in self._pending])
-            amaxes = torch.maximum(highs, -lows)
+            counts = torch.stack([_tensor(c, self.device, torch.int64) for _, c, _ in self._pending])
+            amaxes = torch.stack([_tensor(v, self.device, torch.float32) for _, _, v in self._pending])
             self._pending = []
             self.raw.index_add_(0, index, counts)
             self.amax.scatter_reduce_(0, index, amaxes, reduce="amax")
@@ -140,7 +182,7 @@ class Store:
         if self._pending_lost:
             rows = tuple(r for r, _ in self._pending_lost)
             index, _ = self._rows(rows)
-            lost = torch.stack([v.to(self.device) for _, v in self._pending_lost])
+            lost = torch.stack([_tensor(v, self.device, torch.int64) for _, v in self._pending_lost])
             self._pending_lost = []
             self.lost.index_add_(0, index, lost)
 
@@ -151,8 +193,9 @@ class Store:
             merged = self.step_amax.view(-1, 2).amax(dim=1)
             self.step_amax = torch.cat([merged, torch.full_like(merged, -torch.inf)])
             self.steps_per_entry *= 2
+            self._view()
         i = step // self.steps_per_entry
-        self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value)
+        self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value.to(self.device))
 
     # ------------------------------------------------------------ reading
     def snapshot(self, reduce_across_ranks: bool = False, replicated_kinds=()) -> Snapshot:
@@ -240,3 +283,23 @@ def _restride(step_amax: np.ndarray, stride: int, target: int) -> np.ndarray:
         return step_amax
     merged = step_amax.reshape(-1, factor).max(axis=1)
     return np.concatenate([merged, np.full(len(step_amax) - len(merged), -np.inf, dtype=step_amax.dtype)])
+
+
+@dataclasses.dataclass
+class _HostViews:
+    """numpy views of a CPU store's tables (the same memory)."""
+
+    raw: np.ndarray
+    amax: np.ndarray
+    first_nonfinite: np.ndarray
+    lost: np.ndarray
+    step_amax: np.ndarray
+
+
+def _tensor(value, device, dtype):
+    """A queued count or amax (torch tensor, numpy array or float) as a tensor on the store's device."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype)
+    return torch.as_tensor(value, dtype=dtype).to(device)

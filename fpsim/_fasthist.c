@@ -1,0 +1,303 @@
+/* Compiled fast path of the analyzer's log2 histograms (fpsim/analyze/histogram.py): one pass over a
+ * float32, float16 or bfloat16 buffer, read as bits (no widening copy).
+ *
+ * count(address, n, kind, counts, mass) adds to `counts` (int64[1026], the layout of histogram.py:
+ * sign << 9 | float32 exponent field << 1 | mantissa nonzero, of the value widened exactly to float32)
+ * and, when `mass` is given (float64[512]), adds |x| to mass[F] and x*x to mass[256 + F] for every finite
+ * value, F its float32 exponent field (0 for float32 subnormals, never 255). It returns the largest
+ * magnitude, NaN when a NaN is present.
+ *
+ * updates(before, after, n, counts, last, n_formats, lost) counts the float32 updates u = after - before
+ * (as float32 subtraction gives them) into `counts`, and adds to lost[f] (int64[n_formats]) the nonzero
+ * updates a weight stored in format f would lose: exponent field of u in 1..last[g * n_formats + f]
+ * (int32[256 * n_formats]), g the exponent field of the weight before, or u a float32 subnormal. It
+ * returns the largest |u|.
+ *
+ * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
+ * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
+ * code of histogram.py is the reference; tests hold the two, and an independent numpy count, equal
+ * bit for bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2 };
+#define RAW_SIZE 1026
+#define MASS_SIZE 512
+#define LANES 4
+#define CHUNK (1 << 28) /* values per pass of the uint32 sub-histograms: no lane can overflow */
+#define NOGIL_FROM 65536
+#define ONE_LANE_BELOW 4096 /* fewer values: one lane, less to clear and fold */
+
+/* Class index of a float16 value (its exact float32 widening); the tables below are made from it. */
+static uint32_t f16_class(uint32_t b) {
+    uint32_t sign = (b >> 15) & 1u, e = (b >> 10) & 31u, m = b & 0x3ffu;
+    if (e == 31u) return sign << 9 | 255u << 1 | (m != 0);
+    if (e) return sign << 9 | (e + 112u) << 1 | (m != 0);
+    if (!m) return sign << 9;
+    uint32_t k = 0; /* subnormal: m * 2^-24 with 2^k <= m < 2^(k+1) */
+    while (m >> (k + 1)) k++;
+    return sign << 9 | (103u + k) << 1 | ((m & (m - 1)) != 0);
+}
+
+static double f16_scale[32]; /* the value of one unit of the significand, by float16 exponent field */
+
+static inline double f16_magnitude(uint32_t b) {
+    uint32_t e = (b >> 10) & 31u, m = b & 0x3ffu;
+    if (e == 31u) return m ? NAN : INFINITY;
+    return (double)(e ? 1024u + m : m) * f16_scale[e];
+}
+
+static inline float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct {
+    uint32_t h[LANES][1024];
+    double mass[LANES][MASS_SIZE];
+} lanes_t;
+
+/* Class index of a float32 pattern (also of a bfloat16 pattern shifted up 16 bits). */
+#define F32_CLASS(u) ((((u) >> 22) & 0x3feu) | (((u) & 0x7fffffu) != 0))
+
+/* Class index of a float16 pattern, from two small tables (both looked up, one kept: no branch). */
+static inline uint32_t f16_class_fast(uint32_t b);
+#define F16_CLASS(b) f16_class_fast(b)
+
+static uint32_t f16_base[64];       /* sign << 9 | float32 exponent field << 1, by float16 sign and exponent */
+static uint32_t f16_subnormal[1024]; /* the class of a positive float16 of exponent field 0, by mantissa */
+
+static inline uint32_t f16_class_fast(uint32_t b) {
+    uint32_t normal = f16_base[b >> 10] | ((b & 0x3ffu) != 0);
+    uint32_t subnormal = (b >> 15) << 9 | f16_subnormal[b & 0x3ffu];
+    uint32_t keep_normal = 0u - (uint32_t)((b & 0x7c00u) != 0);
+    return (normal & keep_normal) | (subnormal & ~keep_normal);
+}
+
+static void init_tables(void) {
+    for (int e = 0; e < 31; e++) f16_scale[e] = ldexp(1.0, e ? e - 25 : -24);
+    for (uint32_t s = 0; s < 2; s++)
+        for (uint32_t e = 0; e < 32; e++) f16_base[s << 5 | e] = f16_class(s << 15 | e << 10) & ~1u;
+    for (uint32_t m = 0; m < 1024; m++) f16_subnormal[m] = f16_class(m);
+}
+
+/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); BITS(i)
+   is value i as a float32 pattern (exact widening), CLASS(i) its class. */
+#define COUNT_LOOP(CLASS, BITS, WITH_MASS)                                            \
+    do {                                                                              \
+        Py_ssize_t i = 0;                                                             \
+        if (lanes == LANES && !(WITH_MASS)) {                                         \
+            uint32_t *h0 = L->h[0], *h1 = L->h[1], *h2 = L->h[2], *h3 = L->h[3];      \
+            for (; i + 4 <= n; i += 4) {                                              \
+                uint32_t c0 = CLASS(i), c1 = CLASS(i + 1), c2 = CLASS(i + 2), c3 = CLASS(i + 3); \
+                h0[c0]++;                                                             \
+                h1[c1]++;                                                             \
+                h2[c2]++;                                                             \
+                h3[c3]++;                                                             \
+            }                                                                         \
+        }                                                                             \
+        for (; i < n; i++) {                                                          \
+            uint32_t c = CLASS(i);                                                    \
+            int lane = (int)(i & (lanes - 1));                                        \
+            L->h[lane][c]++;                                                          \
+            if (WITH_MASS) {                                                          \
+                uint32_t f = (c >> 1) & 0xffu;                                        \
+                if (f != 255u) {                                                      \
+                    double a = (double)f32_of((BITS(i)) & 0x7fffffffu);               \
+                    L->mass[lane][f] += a;                                            \
+                    L->mass[lane][256 + f] += a * a;                                  \
+                }                                                                     \
+            }                                                                         \
+        }                                                                             \
+    } while (0)
+
+#define F32_AT(i) (src32[i])
+#define F32_CLASS_AT(i) F32_CLASS(src32[i])
+#define BF16_AT(i) ((uint32_t)src16[i] << 16)
+#define BF16_CLASS_AT(i) F32_CLASS((uint32_t)src16[i] << 16)
+#define F16_AT(i) f16_bits32(src16[i])
+#define F16_CLASS_AT(i) F16_CLASS((uint32_t)src16[i])
+
+/* A float16 pattern as the float32 pattern of the same value. */
+static inline uint32_t f16_bits32(uint32_t b) {
+    float f = (float)f16_magnitude(b & 0x7fffu);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u | (b & 0x8000u) << 16;
+}
+
+/* Counts of n values (n <= CHUNK) into the lanes; the largest magnitude bits (in the input's encoding). */
+static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_mass, int lanes, lanes_t *L) {
+    uint32_t top = 0;
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        if (with_mass) COUNT_LOOP(F32_CLASS_AT, F32_AT, 1);
+        else COUNT_LOOP(F32_CLASS_AT, F32_AT, 0);
+        return top;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t a = src16[i] & 0x7fffu;
+        top = a > top ? a : top;
+    }
+    if (kind == KIND_BF16) {
+        if (with_mass) COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 1);
+        else COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 0);
+    } else {
+        if (with_mass) COUNT_LOOP(F16_CLASS_AT, F16_AT, 1);
+        else COUNT_LOOP(F16_CLASS_AT, F16_AT, 0);
+    }
+    return top;
+}
+
+static double magnitude_of(uint32_t top, int kind) {
+    if (kind == KIND_F32) return (double)f32_of(top);
+    if (kind == KIND_BF16) return (double)f32_of(top << 16);
+    return f16_magnitude(top);
+}
+
+static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
+
+/* Adds the first `lanes` lanes into counts (and mass), and clears them. */
+static void fold(lanes_t *L, int lanes, int64_t *counts, double *mass) {
+    for (int lane = 0; lane < lanes; lane++) {
+        for (int c = 0; c < 1024; c++) counts[c] += L->h[lane][c];
+        memset(L->h[lane], 0, sizeof(L->h[lane]));
+        if (mass) {
+            for (int k = 0; k < MASS_SIZE; k++) mass[k] += L->mass[lane][k];
+            memset(L->mass[lane], 0, sizeof(L->mass[lane]));
+        }
+    }
+}
+
+
+static int writable(Py_buffer *view, PyObject *obj, Py_ssize_t bytes, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return 0;
+    if (view->len < bytes) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be a writable buffer of at least %zd bytes", what, bytes);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *count(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t n;
+    int kind;
+    PyObject *counts_obj, *mass_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "KniO|O", &address, &n, &kind, &counts_obj, &mass_obj)) return NULL;
+    if (kind < KIND_F32 || kind > KIND_BF16 || n < 0 || (n && !address)) {
+        PyErr_Format(PyExc_ValueError, "count: kind must be 0 (float32), 1 (float16) or 2 (bfloat16) and n >= 0 "
+                                       "with a nonzero address, got kind %d, n %zd", kind, n);
+        return NULL;
+    }
+    Py_buffer counts, mass;
+    if (!writable(&counts, counts_obj, RAW_SIZE * 8, "counts")) return NULL;
+    int with_mass = mass_obj != Py_None;
+    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) {
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    lanes_t lanes_here, *L = &lanes_here; /* on the stack: the GIL is released, calls may overlap */
+    int lanes = n < ONE_LANE_BELOW ? 1 : LANES;
+    memset(L->h, 0, sizeof(L->h[0]) * lanes);
+    if (with_mass) memset(L->mass, 0, sizeof(L->mass[0]) * lanes);
+    uint32_t top = 0;
+    const char *data = (const char *)(uintptr_t)address;
+    int release = n >= NOGIL_FROM;
+    PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t done = 0; done < n; done += CHUNK) {
+        Py_ssize_t part = n - done < CHUNK ? n - done : CHUNK;
+        uint32_t t = count_chunk(data + done * kind_size(kind), part, kind, with_mass, lanes, L);
+        top = t > top ? t : top;
+        fold(L, lanes, (int64_t *)counts.buf, with_mass ? (double *)mass.buf : NULL);
+    }
+    if (release) PyEval_RestoreThread(state);
+    PyBuffer_Release(&counts);
+    if (with_mass) PyBuffer_Release(&mass);
+    return PyFloat_FromDouble(magnitude_of(top, kind));
+}
+
+static PyObject *updates(PyObject *self, PyObject *args) {
+    unsigned long long before_address, after_address;
+    Py_ssize_t n;
+    int n_formats;
+    PyObject *counts_obj, *last_obj, *lost_obj;
+    if (!PyArg_ParseTuple(args, "KKnOOiO", &before_address, &after_address, &n, &counts_obj, &last_obj,
+                          &n_formats, &lost_obj))
+        return NULL;
+    if (n < 0 || n_formats < 1 || n_formats > 64 || (n && (!before_address || !after_address))) {
+        PyErr_Format(PyExc_ValueError, "updates: need n >= 0, nonzero addresses and 1 to 64 formats, got n %zd, "
+                                       "%d formats", n, n_formats);
+        return NULL;
+    }
+    Py_buffer counts, last, lost;
+    if (!writable(&counts, counts_obj, RAW_SIZE * 8, "counts")) return NULL;
+    if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    if (last.len < 256 * n_formats * 4 || !writable(&lost, lost_obj, n_formats * 8, "lost")) {
+        if (last.len < 256 * n_formats * 4)
+            PyErr_Format(PyExc_ValueError, "last must hold 256 x %d int32", n_formats);
+        PyBuffer_Release(&counts);
+        PyBuffer_Release(&last);
+        return NULL;
+    }
+    const uint32_t *w = (const uint32_t *)(uintptr_t)before_address;
+    const float *now = (const float *)(uintptr_t)after_address;
+    const int32_t *lim = (const int32_t *)last.buf;
+    int64_t *c = (int64_t *)counts.buf, *out = (int64_t *)lost.buf;
+    int64_t lost_here[64] = {0};
+    uint32_t top = 0;
+    int release = n >= NOGIL_FROM;
+    PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float u_f = now[i] - f32_of(w[i]);
+        uint32_t u;
+        memcpy(&u, &u_f, 4);
+        uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
+        top = a > top ? a : top;
+        c[((u >> 22) & 0x3feu) | ((u & 0x7fffffu) != 0)]++;
+        if (t == 0) {
+            if (a) /* a float32 subnormal update: lost in every format */
+                for (int f = 0; f < n_formats; f++) lost_here[f]++;
+            continue;
+        }
+        const int32_t *row = lim + g * n_formats;
+        for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
+    }
+    if (release) PyEval_RestoreThread(state);
+    for (int f = 0; f < n_formats; f++) out[f] += lost_here[f];
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&last);
+    PyBuffer_Release(&lost);
+    return PyFloat_FromDouble((double)f32_of(top));
+}
+
+static PyMethodDef methods[] = {
+    {"count", count, METH_VARARGS,
+     "count(address, n, kind, counts, mass=None) -> amax: add n values' classes to counts (int64[1026]) and "
+     "their mass per exponent field to mass (float64[512]); kind 0 float32, 1 float16, 2 bfloat16"},
+    {"updates", updates, METH_VARARGS,
+     "updates(before, after, n, counts, last, n_formats, lost) -> amax of the float32 updates after - before, "
+     "counted into counts, with the updates lost per format added to lost"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fasthist",
+                                    "Compiled fast path of the analyzer's log2 histograms.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fasthist(void) {
+    init_tables();
+    return PyModule_Create(&module);
+}
