@@ -1,17 +1,24 @@
 /* Compiled fast path of the analyzer's log2 histograms (fpsim/analyze/histogram.py): one pass over a
  * float32, float16 or bfloat16 buffer, read as bits (no widening copy).
  *
- * count(address, n, kind, counts, mass) adds to `counts` (int64[1026], the layout of histogram.py:
- * sign << 9 | float32 exponent field << 1 | mantissa nonzero, of the value widened exactly to float32)
- * and, when `mass` is given (float64[512]), adds |x| to mass[F] and x*x to mass[256 + F] for every finite
- * value, F its float32 exponent field (0 for float32 subnormals, never 255). It returns the largest
- * magnitude, NaN when a NaN is present.
+ * A tensor's counts come back as "pairs": bytes holding int64 (class, count) for the classes it has
+ * (a tensor fills a few dozen of the 1026), class = sign << 9 | float32 exponent field << 1 | mantissa
+ * nonzero, of the value widened exactly to float32 (the raw layout of histogram.py).
  *
- * updates(before, after, n, counts, last, n_formats, lost) counts the float32 updates u = after - before
- * (as float32 subtraction gives them) into `counts`, and adds to lost[f] (int64[n_formats]) the nonzero
- * updates a weight stored in format f would lose: exponent field of u in 1..last[g * n_formats + f]
- * (int32[256 * n_formats]), g the exponent field of the weight before, or u a float32 subnormal. It
- * returns the largest |u|.
+ * count(address, n, kind, mass=None) -> (amax, pairs): kind 0 float32, 1 float16, 2 bfloat16; amax is
+ *   the largest magnitude (NaN when a NaN is present). With `mass` (float64[512]) it also adds |x| to
+ *   mass[F] and x*x to mass[256 + F] for every finite value, F its float32 exponent field (0 for float32
+ *   subnormals).
+ * updates(before, parts, last, n_formats, lost) -> (amax, pairs): the float32 updates u = after - before
+ *   (as float32 subtraction gives them) of parameters laid end to end in `before`, parts being their
+ *   (address, n); adds to lost[f] (int64[n_formats]) the nonzero updates a weight stored in format f
+ *   would lose: exponent field of u in 1..last[g * n_formats + f] (int32[256 * n_formats]), g the
+ *   exponent field of the weight before, or u a float32 subnormal.
+ * count_parts(parts, kind) -> (amax, pairs): count over several buffers, parts being their (address, n).
+ * accumulate(tables, row, pairs, amax_value, step): tables = (raw, amax, first, rows), the addresses of
+ *   a store's tables (int64 [rows, 1026], float32 [rows], int64 [rows]) and their row count; adds
+ *   pairs to raw[row], raises amax[row] (NaN sticks) and, for a non-finite amax_value, lowers
+ *   first[row] to step.
  *
  * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
  * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
@@ -167,10 +174,10 @@ static double magnitude_of(uint32_t top, int kind) {
 
 static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
-/* Adds the first `lanes` lanes into counts (and mass), and clears them. */
-static void fold(lanes_t *L, int lanes, int64_t *counts, double *mass) {
+/* Adds the first `lanes` lanes into totals (and mass), and clears them. */
+static void fold(lanes_t *L, int lanes, int64_t *totals, double *mass) {
     for (int lane = 0; lane < lanes; lane++) {
-        for (int c = 0; c < 1024; c++) counts[c] += L->h[lane][c];
+        for (int c = 0; c < 1024; c++) totals[c] += L->h[lane][c];
         memset(L->h[lane], 0, sizeof(L->h[lane]));
         if (mass) {
             for (int k = 0; k < MASS_SIZE; k++) mass[k] += L->mass[lane][k];
@@ -179,6 +186,18 @@ static void fold(lanes_t *L, int lanes, int64_t *counts, double *mass) {
     }
 }
 
+/* The nonzero totals as pairs bytes. */
+static PyObject *pairs_of(const int64_t *totals) {
+    int64_t packed[2 * 1024];
+    Py_ssize_t k = 0;
+    for (int c = 0; c < 1024; c++)
+        if (totals[c]) {
+            packed[2 * k] = c;
+            packed[2 * k + 1] = totals[c];
+            k++;
+        }
+    return PyBytes_FromStringAndSize((const char *)packed, k * 16);
+}
 
 static int writable(Py_buffer *view, PyObject *obj, Py_ssize_t bytes, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return 0;
@@ -190,108 +209,183 @@ static int writable(Py_buffer *view, PyObject *obj, Py_ssize_t bytes, const char
     return 1;
 }
 
-static PyObject *count(PyObject *self, PyObject *args) {
-    unsigned long long address;
-    Py_ssize_t n;
-    int kind;
-    PyObject *counts_obj, *mass_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "KniO|O", &address, &n, &kind, &counts_obj, &mass_obj)) return NULL;
-    if (kind < KIND_F32 || kind > KIND_BF16 || n < 0 || (n && !address)) {
-        PyErr_Format(PyExc_ValueError, "count: kind must be 0 (float32), 1 (float16) or 2 (bfloat16) and n >= 0 "
-                                       "with a nonzero address, got kind %d, n %zd", kind, n);
-        return NULL;
-    }
-    Py_buffer counts, mass;
-    if (!writable(&counts, counts_obj, RAW_SIZE * 8, "counts")) return NULL;
-    int with_mass = mass_obj != Py_None;
-    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) {
-        PyBuffer_Release(&counts);
-        return NULL;
-    }
+/* Counts n values at `data` into totals (and mass); the largest magnitude bits. */
+static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *totals, double *mass) {
     lanes_t lanes_here, *L = &lanes_here; /* on the stack: the GIL is released, calls may overlap */
     int lanes = n < ONE_LANE_BELOW ? 1 : LANES;
     memset(L->h, 0, sizeof(L->h[0]) * lanes);
-    if (with_mass) memset(L->mass, 0, sizeof(L->mass[0]) * lanes);
+    if (mass) memset(L->mass, 0, sizeof(L->mass[0]) * lanes);
     uint32_t top = 0;
-    const char *data = (const char *)(uintptr_t)address;
     int release = n >= NOGIL_FROM;
     PyThreadState *state = release ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t done = 0; done < n; done += CHUNK) {
         Py_ssize_t part = n - done < CHUNK ? n - done : CHUNK;
-        uint32_t t = count_chunk(data + done * kind_size(kind), part, kind, with_mass, lanes, L);
+        uint32_t t = count_chunk(data + done * kind_size(kind), part, kind, mass != NULL, lanes, L);
         top = t > top ? t : top;
-        fold(L, lanes, (int64_t *)counts.buf, with_mass ? (double *)mass.buf : NULL);
+        fold(L, lanes, totals, mass);
     }
     if (release) PyEval_RestoreThread(state);
-    PyBuffer_Release(&counts);
+    return top;
+}
+
+static int check_kind(int kind) {
+    if (kind >= KIND_F32 && kind <= KIND_BF16) return 1;
+    PyErr_Format(PyExc_ValueError, "kind must be 0 (float32), 1 (float16) or 2 (bfloat16), got %d", kind);
+    return 0;
+}
+
+static PyObject *count(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t n;
+    int kind;
+    PyObject *mass_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "Kni|O", &address, &n, &kind, &mass_obj) || !check_kind(kind)) return NULL;
+    if (n < 0 || (n && !address)) {
+        PyErr_Format(PyExc_ValueError, "count: need n >= 0 and a nonzero address, got n %zd", n);
+        return NULL;
+    }
+    Py_buffer mass;
+    int with_mass = mass_obj != Py_None;
+    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) return NULL;
+    int64_t totals[1024] = {0};
+    uint32_t top = count_buffer((const char *)(uintptr_t)address, n, kind, totals,
+                                with_mass ? (double *)mass.buf : NULL);
     if (with_mass) PyBuffer_Release(&mass);
-    return PyFloat_FromDouble(magnitude_of(top, kind));
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
+}
+
+/* The k-th (address, n) of a parts tuple; 0 with an exception set when it is not one. */
+static int part_at(PyObject *parts, Py_ssize_t k, unsigned long long *address, Py_ssize_t *n) {
+    if (PyArg_ParseTuple(PyTuple_GET_ITEM(parts, k), "Kn", address, n) && *n >= 0 && (!*n || *address))
+        return 1;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "parts are (address, n >= 0) with nonzero addresses");
+    return 0;
+}
+
+static PyObject *count_parts(PyObject *self, PyObject *args) {
+    PyObject *parts;
+    int kind;
+    if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &parts, &kind) || !check_kind(kind)) return NULL;
+    int64_t totals[1024] = {0};
+    uint32_t top = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(parts); k++) {
+        unsigned long long address;
+        Py_ssize_t n;
+        if (!part_at(parts, k, &address, &n)) return NULL;
+        uint32_t t = count_buffer((const char *)(uintptr_t)address, n, kind, totals, NULL);
+        top = t > top ? t : top;
+    }
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
 }
 
 static PyObject *updates(PyObject *self, PyObject *args) {
-    unsigned long long before_address, after_address;
-    Py_ssize_t n;
+    unsigned long long before_address;
     int n_formats;
-    PyObject *counts_obj, *last_obj, *lost_obj;
-    if (!PyArg_ParseTuple(args, "KKnOOiO", &before_address, &after_address, &n, &counts_obj, &last_obj,
-                          &n_formats, &lost_obj))
+    PyObject *parts, *last_obj, *lost_obj;
+    if (!PyArg_ParseTuple(args, "KO!OiO", &before_address, &PyTuple_Type, &parts, &last_obj, &n_formats,
+                          &lost_obj))
         return NULL;
-    if (n < 0 || n_formats < 1 || n_formats > 64 || (n && (!before_address || !after_address))) {
-        PyErr_Format(PyExc_ValueError, "updates: need n >= 0, nonzero addresses and 1 to 64 formats, got n %zd, "
-                                       "%d formats", n, n_formats);
-        return NULL;
-    }
-    Py_buffer counts, last, lost;
-    if (!writable(&counts, counts_obj, RAW_SIZE * 8, "counts")) return NULL;
-    if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&counts);
+    if (n_formats < 1 || n_formats > 64 || !before_address) {
+        PyErr_Format(PyExc_ValueError, "updates: need a nonzero address and 1 to 64 formats, got %d", n_formats);
         return NULL;
     }
-    if (last.len < 256 * n_formats * 4 || !writable(&lost, lost_obj, n_formats * 8, "lost")) {
-        if (last.len < 256 * n_formats * 4)
-            PyErr_Format(PyExc_ValueError, "last must hold 256 x %d int32", n_formats);
-        PyBuffer_Release(&counts);
+    Py_ssize_t n_parts = PyTuple_GET_SIZE(parts);
+    Py_buffer last, lost;
+    if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (last.len < 256 * n_formats * 4) {
+        PyBuffer_Release(&last);
+        PyErr_Format(PyExc_ValueError, "last must hold 256 x %d int32", n_formats);
+        return NULL;
+    }
+    if (!writable(&lost, lost_obj, n_formats * 8, "lost")) {
         PyBuffer_Release(&last);
         return NULL;
     }
     const uint32_t *w = (const uint32_t *)(uintptr_t)before_address;
-    const float *now = (const float *)(uintptr_t)after_address;
     const int32_t *lim = (const int32_t *)last.buf;
-    int64_t *c = (int64_t *)counts.buf, *out = (int64_t *)lost.buf;
-    int64_t lost_here[64] = {0};
+    int64_t *out = (int64_t *)lost.buf;
+    int64_t lost_here[64] = {0}, totals[1024] = {0};
     uint32_t top = 0;
-    int release = n >= NOGIL_FROM;
-    PyThreadState *state = release ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        float u_f = now[i] - f32_of(w[i]);
-        uint32_t u;
-        memcpy(&u, &u_f, 4);
-        uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
-        top = a > top ? a : top;
-        c[((u >> 22) & 0x3feu) | ((u & 0x7fffffu) != 0)]++;
-        if (t == 0) {
-            if (a) /* a float32 subnormal update: lost in every format */
-                for (int f = 0; f < n_formats; f++) lost_here[f]++;
-            continue;
+    for (Py_ssize_t k = 0; k < n_parts; k++) {
+        unsigned long long address;
+        Py_ssize_t n;
+        if (!part_at(parts, k, &address, &n)) {
+            PyBuffer_Release(&last);
+            PyBuffer_Release(&lost);
+            return NULL;
         }
-        const int32_t *row = lim + g * n_formats;
-        for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
+        const float *now = (const float *)(uintptr_t)address;
+        int release = n >= NOGIL_FROM;
+        PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float u_f = now[i] - f32_of(w[i]);
+            uint32_t u;
+            memcpy(&u, &u_f, 4);
+            uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
+            top = a > top ? a : top;
+            totals[F32_CLASS(u)]++;
+            if (t == 0) {
+                if (a) /* a float32 subnormal update: lost in every format */
+                    for (int f = 0; f < n_formats; f++) lost_here[f]++;
+                continue;
+            }
+            const int32_t *row = lim + g * n_formats;
+            for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
+        }
+        if (release) PyEval_RestoreThread(state);
+        w += n;
     }
-    if (release) PyEval_RestoreThread(state);
     for (int f = 0; f < n_formats; f++) out[f] += lost_here[f];
-    PyBuffer_Release(&counts);
     PyBuffer_Release(&last);
     PyBuffer_Release(&lost);
-    return PyFloat_FromDouble((double)f32_of(top));
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", (double)f32_of(top), pairs);
+}
+
+static PyObject *accumulate(PyObject *self, PyObject *args) {
+    unsigned long long raw_address, amax_address, first_address;
+    Py_ssize_t rows, row, length;
+    const char *bytes;
+    double value;
+    long long step;
+    if (!PyArg_ParseTuple(args, "(KKKn)ny#dL", &raw_address, &amax_address, &first_address, &rows, &row, &bytes,
+                          &length, &value, &step))
+        return NULL;
+    const int64_t *p = (const int64_t *)bytes;
+    int ok = raw_address && amax_address && first_address && row >= 0 && row < rows && length % 16 == 0;
+    for (Py_ssize_t k = 0; ok && k < length / 16; k++) ok = p[2 * k] >= 0 && p[2 * k] < RAW_SIZE;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "accumulate: row %zd of %zd, or pairs of %zd bytes, out of range", row, rows,
+                     length);
+        return NULL;
+    }
+    int64_t *dst = (int64_t *)(uintptr_t)raw_address + row * RAW_SIZE;
+    for (Py_ssize_t k = 0; k < length / 16; k++) dst[p[2 * k]] += p[2 * k + 1];
+    float *a = (float *)(uintptr_t)amax_address + row;
+    float v = (float)value;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    int64_t *f = (int64_t *)(uintptr_t)first_address + row;
+    if (!isfinite(value) && step < *f) *f = step;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"count", count, METH_VARARGS,
-     "count(address, n, kind, counts, mass=None) -> amax: add n values' classes to counts (int64[1026]) and "
-     "their mass per exponent field to mass (float64[512]); kind 0 float32, 1 float16, 2 bfloat16"},
+     "count(address, n, kind, mass=None) -> (amax, pairs): the classes of n values (kind 0 float32, 1 float16, "
+     "2 bfloat16) as int64 (class, count) pairs; their mass per exponent field added to mass (float64[512])"},
     {"updates", updates, METH_VARARGS,
-     "updates(before, after, n, counts, last, n_formats, lost) -> amax of the float32 updates after - before, "
-     "counted into counts, with the updates lost per format added to lost"},
+     "updates(before, parts, last, n_formats, lost) -> (amax, pairs) of the float32 updates (address, n) - "
+     "before, with the updates lost per format added to lost"},
+    {"count_parts", count_parts, METH_VARARGS,
+     "count_parts(parts, kind) -> (amax, pairs): count over several buffers, parts being their (address, n)"},
+    {"accumulate", accumulate, METH_VARARGS,
+     "accumulate((raw, amax, first, rows), row, pairs, amax_value, step): add a tensor's pairs and amax to a "
+     "table row, the tables given by address"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fasthist",

@@ -9,7 +9,10 @@ replacements (emulation rounds them):
     client.forward_op(site, outputs)    -> None, or a list of replacement tensors
     client.backward_op(site, outputs)   -> None, or a list of replacement tensors (optional)
     client.output_grad(site, grads)     (the gradients of a forward op's outputs; optional)
+    client.tagged_grad(tag, grad)       (the gradient of an output tagged with `hook_output`)
     client.module_output(name, module, output)
+
+The client's own tensor operations must run inside `tracer.busy()`.
 
 A client without `backward_op` gets no backward ops: the mode steps aside
 while autograd's engine runs (torch.autograd's `_engine_run_backward` is
@@ -76,6 +79,36 @@ def unwrap(module):
     return module
 
 
+class IdentityMap:
+    """A mapping keyed by object identity that holds its keys weakly: an entry goes when its object dies.
+
+    For modules and tensors on hot paths: a WeakKeyDictionary makes a weak
+    reference at every lookup, this makes one per entry.
+    """
+
+    def __init__(self):
+        self._entries: dict = {}            # id(obj) -> (weak reference, value)
+
+    def get(self, obj, default=None):
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else default
+
+    def __contains__(self, obj) -> bool:
+        entry = self._entries.get(id(obj))
+        return entry is not None and entry[0]() is obj
+
+    def __setitem__(self, obj, value) -> None:
+        key, entries = id(obj), self._entries
+
+        def gone(ref):
+            if entries.get(key, (None,))[0] is ref:
+                del entries[key]
+        entries[key] = (weakref.ref(obj, gone), value)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def _strip(name: str) -> str:
     for prefix in _WRAPPED_PREFIXES:
         name = name.replace(prefix, "")
@@ -96,7 +129,7 @@ class ModuleNames:
     """
 
     def __init__(self):
-        self._names = weakref.WeakKeyDictionary()   # module -> qualified name
+        self._names = IdentityMap()                 # module -> qualified name
         self._roots: dict = {}                      # label -> weakref to the root
         self.scripted: list = []                    # names of TorchScript modules seen
         self.compiled: list = []                    # names of torch.compile'd modules seen
@@ -234,7 +267,7 @@ class Tracer:
         self.names = names if names is not None else ModuleNames()
         self._stack: list = []                  # names of the modules running, innermost last
         self._nodes: dict = {}                  # autograd sequence number -> Site of the forward op
-        self._hooked: set = set()               # sequence numbers of nodes given a gradient pre-hook
+        self._hooked: dict = {}                 # sequence number of a node given a gradient pre-hook -> its tags
         self._last_sequence = -1
         self._busy = threading.local()           # the client's own tensor work passes through untouched
         self._mode = None
@@ -328,8 +361,7 @@ class Tracer:
         name = self._stack.pop()
         if getattr(self._busy, "on", False):
             return
-        with self.busy():
-            self.client.module_output(name, module, output)
+        self.client.module_output(name, module, output)
 
     # ------------------------------------------------------------------ ops
     def _hook_inputs(self, args) -> None:
@@ -339,22 +371,44 @@ class Tracer:
                 self._hook_inputs(a)
                 continue
             node = getattr(a, "grad_fn", None)
-            if node is None:
-                continue
-            sequence = node._sequence_nr()
-            site = self._nodes.get(sequence)
-            if site is not None and sequence not in self._hooked:
-                self._hooked.add(sequence)
-                node.register_prehook(self._gradient_prehook(site))
+            if node is not None:
+                self._hook_node(node)
 
-    def _gradient_prehook(self, site):
+    def _hook_node(self, node):
+        """The tags of a node made by an observed op, pre-hooked now if it was not (None for other nodes)."""
+        sequence = node._sequence_nr()
+        tags = self._hooked.get(sequence)
+        if tags is None:
+            site = self._nodes.get(sequence)
+            if site is None:
+                return None
+            tags = self._hooked[sequence] = []
+            node.register_prehook(self._gradient_prehook(site, tags))
+        return tags
+
+    def hook_output(self, tensor, tag) -> bool:
+        """Hand the gradient of `tensor` to client.tagged_grad(tag, grad) too, through its node's pre-hook.
+
+        False when `tensor` is not the output of an observed op (then nothing is hooked).
+        """
+        node = tensor.grad_fn
+        tags = self._hook_node(node) if node is not None else None
+        if tags is None:
+            return False
+        tags.append((tensor.output_nr, tag))
+        return True
+
+    def _gradient_prehook(self, site, tags):
         def on_grads(grads):
             if getattr(self._busy, "on", False):
                 return None
             tensors = [g for g in grads if g is not None and g.is_floating_point()]
             if tensors:
-                with self.busy():
-                    self.client.output_grad(site, tensors)
+                self.client.output_grad(site, tensors)
+            for index, tag in tags:
+                grad = grads[index]
+                if grad is not None and grad.is_floating_point():
+                    self.client.tagged_grad(tag, grad)
             return None
         return on_grads
 

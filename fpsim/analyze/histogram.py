@@ -58,12 +58,29 @@ TINY_LOG2_RANGE = (-149, -126)
 
 _F32_MANTISSA = 0x7FFFFF
 _F64_MANTISSA = (1 << 52) - 1
-_KERNEL_KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
+_KERNEL_KINDS: dict = {}
+
+
+def _kinds() -> dict:
+    """torch dtype -> the kernel's code for it (float32 0, float16 1, bfloat16 2)."""
+    if not _KERNEL_KINDS:
+        import torch
+
+        _KERNEL_KINDS.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2})
+    return _KERNEL_KINDS
 
 
 def kernel_available() -> bool:
     """Whether the compiled counting kernel was built."""
     return _fasthist is not None
+
+
+def dense_counts(pairs: bytes) -> np.ndarray:
+    """The kernel's compact counts (int64 (class, count) pairs) as int64[RAW_SIZE]."""
+    packed = np.frombuffer(pairs, dtype=np.int64).reshape(-1, 2)
+    counts = np.zeros(RAW_SIZE, dtype=np.int64)
+    counts[packed[:, 0]] = packed[:, 1]
+    return counts
 
 
 def _index_f32(flat, scratch=None):
@@ -111,11 +128,17 @@ class Log2Counter:
         return buffers
 
     def on_host(self, x) -> bool:
-        """Whether `count(x)` runs the compiled kernel (and so returns numpy counts and a float amax)."""
+        """Whether the compiled kernel reads `x`: a plain contiguous float32/16/bf16 CPU tensor (numpy counts
+        and a float amax from `count`, compact pairs from `count_pairs`)."""
         import torch
 
-        return (self.kernel and type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu"
-                and str(x.dtype) in _KERNEL_KINDS and not x.is_neg())
+        return (self.kernel and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_cpu
+                and x.dtype in _kinds() and x.layout is torch.strided and x.is_contiguous() and not x.is_neg())
+
+    @staticmethod
+    def count_pairs(x):
+        """(amax, pairs) of a tensor `on_host` accepts: the kernel's compact counts (see dense_counts)."""
+        return _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype])
 
     def count(self, x, mass: bool = False):
         """(counts, amax) of a floating tensor, or (counts, amax, mass) with `mass`; nothing read back to the host.
@@ -131,14 +154,12 @@ class Log2Counter:
 
     @staticmethod
     def _count_on_host(x, mass: bool):
-        if not x.is_contiguous():
-            x = x.contiguous()
-        counts = np.zeros(RAW_SIZE, dtype=np.int64)
         if not mass:
-            return counts, _fasthist.count(x.data_ptr(), x.numel(), _KERNEL_KINDS[str(x.dtype)], counts)
+            amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype])
+            return dense_counts(pairs), amax
         masses = np.zeros(MASS_SIZE, dtype=np.float64)
-        amax = _fasthist.count(x.data_ptr(), x.numel(), _KERNEL_KINDS[str(x.dtype)], counts, masses)
-        return counts, amax, masses
+        amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype], masses)
+        return dense_counts(pairs), amax, masses
 
     def _count_on_device(self, x, mass: bool):
         import torch

@@ -31,12 +31,12 @@ import weakref
 
 import numpy as np
 
-from ..trace import OUTSIDE, ModuleNames, Tracer, unwrap
-from .histogram import RAW_SIZE, Log2Counter, _fasthist
+from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
+from .histogram import Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .signals import Terminated, deferred_signals
-from .store import Store, nan_max
+from .store import Store
 
 KINDS = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
 """The tensor kinds a watch can record."""
@@ -120,7 +120,7 @@ class Watcher:
         self._counter = Log2Counter()
         self.names = ModuleNames()
         self._tracer = Tracer(self, self.names)
-        self._recorded = weakref.WeakKeyDictionary()   # module -> record name, or None when not recorded
+        self._recorded = IdentityMap()                  # module -> record name, or None when not recorded
         self._types: dict = {}                          # record name -> module class name, or "op"
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
@@ -359,6 +359,14 @@ class Watcher:
         except Exception as err:
             self._fail(err)
 
+    def tagged_grad(self, record, grad):
+        """The gradient of a module output (tagged with its record by `module_output`)."""
+        if self._active and self._sampled:
+            try:
+                self._count(record, "activation_grad", grad, unscale=True)
+            except Exception as err:
+                self._fail(err)
+
     def module_output(self, name, module, output):
         if not self._active:
             return
@@ -371,12 +379,17 @@ class Watcher:
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
-            self._note_autocast()
-            for t in _float_tensors(output):
+            if torch._C._is_any_autocast_enabled():
+                self._note_autocast()
+            tensors = (output,) if type(output) is torch.Tensor else _float_tensors(output)
+            for t in tensors:
+                if not t.is_floating_point():
+                    continue
                 if "activation" in self.kinds:
                     self._count(record, "activation", t)
-                if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None:
-                    t.register_hook(self._gradient_hook(record))   # dies with the tensor: never on a leaf
+                if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None \
+                        and not self._tracer.hook_output(t, record):    # an op's output: its node's pre-hook
+                    t.register_hook(self._gradient_hook(record))        # dies with the tensor: never on a leaf
         except Exception as err:
             self._fail(err)
 
@@ -392,8 +405,7 @@ class Watcher:
         def on_gradient(grad):
             if self._active and self._sampled:
                 try:
-                    with self._tracer.busy():
-                        self._count(name, "activation_grad", grad, unscale=True)
+                    self._count(name, "activation_grad", grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient
@@ -402,8 +414,7 @@ class Watcher:
         def on_gradient(grad):
             if self._active and self._sampled:
                 try:
-                    with self._tracer.busy():
-                        self._count(name, "weight_grad", grad, unscale=True)
+                    self._count(name, "weight_grad", grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient
@@ -438,14 +449,32 @@ class Watcher:
                 groups = self._params_of(optimizer)
                 if not groups or not self._sampled:
                     return
+                if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
+                    self._count_weights_on_host(groups)
+                    return
                 for name, params in groups:
                     weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
                     if "weight" in self.kinds:
                         self._count(name, "weight", weights)
                     if "update" in self.kinds:
-                        self._snapshots[name] = (params, weights)
+                        self._snapshots[name] = (params, weights, 0)
         except Exception as err:
             self._fail(err)
+
+    def _count_weights_on_host(self, groups) -> None:
+        """One copy of every parameter (the updates' "before"), counted module by module by the kernel."""
+        import torch
+
+        flat = torch.cat([p.detach().reshape(-1) for _, params in groups for p in params])
+        address, offset = flat.data_ptr(), 0
+        for name, params in groups:
+            n = sum(p.numel() for p in params)
+            if "weight" in self.kinds and n:
+                amax, pairs = _fasthist.count(address + 4 * offset, n, 0)
+                self._store.add(self._store.row(name, "weight", flat), pairs, amax, self.step)
+            if "update" in self.kinds:
+                self._snapshots[name] = (params, flat, offset)
+            offset += n
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
@@ -478,37 +507,42 @@ class Watcher:
         scaler = self._scaler() if self._scaler is not None else None
         scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
         for name, params in groups:
-            if "optimizer_grad" in self.kinds:   # per tensor: unchanged since backward, its counts are reused
-                for p in params:
-                    if p.grad is not None:
-                        self._count(name, "optimizer_grad", p.grad, unscale=scaled)
+            if "optimizer_grad" in self.kinds:
+                grads = [p.grad for p in params if p.grad is not None]
+                if not scaled and self._counter.kernel and grads and all(_plain_f32(g) for g in grads):
+                    amax, pairs = _fasthist.count_parts(tuple((g.data_ptr(), g.numel()) for g in grads), 0)
+                    if pairs:
+                        self._store.add(self._store.row(name, "optimizer_grad", grads[0]), pairs, amax, self.step,
+                                        samples=len(grads))
+                else:
+                    for g in grads:
+                        self._count(name, "optimizer_grad", g, unscale=scaled)
             snapshot = self._snapshots.pop(name, None)
             if snapshot is None:
                 continue
-            params, before = snapshot            # the parameters in the order they were copied
-            if self._counter.on_host(before) and all(_plain_f32(p) for p in params):
-                self._count_updates_on_host(name, params, before)
+            params, before, offset = snapshot    # the parameters in the order they were copied
+            if self._counter.kernel and all(_plain_f32(p) for p in params) and _plain_f32(before):
+                self._count_updates_on_host(name, params, before, offset)
                 continue
-            update = _flat(params) - before
+            now = _flat(params)
+            before = before.narrow(0, offset, now.numel())
+            update = now - before
             row, counts = self._count(name, "update", update)
             if counts is not None:
-                self._store.add_lost(row, self._lost_updates(update, before, counts))
+                self._store.add_lost(row, self._lost_updates(update, before))
 
-    def _count_updates_on_host(self, name: str, params, before) -> None:
-        """The updates (params now - before, in float32) and those lost per format, by the compiled kernel."""
-        counts = np.zeros(RAW_SIZE, dtype=np.int64)
+    def _count_updates_on_host(self, name: str, params, before, offset: int) -> None:
+        """The updates (params now - before, in float32) and those lost per format, by the compiled kernel;
+        `before` holds the parameters' old values from `offset` on."""
+        parts = tuple((p.data_ptr(), p.numel()) for p in params)
+        if not sum(n for _, n in parts):
+            return
         lost = np.zeros(len(self.limits), dtype=np.int64)
-        last = self._lost_table(np.int32)
-        amax, offset = 0.0, 0
-        for p in params:
-            n = p.numel()
-            amax = nan_max(amax, _fasthist.updates(before.data_ptr() + 4 * offset, p.data_ptr(), n, counts, last,
-                                                   len(self.limits), lost))
-            offset += n
-        if offset:
-            row = self._store.row((name, "update"), before.device)
-            self._store.add(row, counts, amax, self.step)
-            self._store.add_lost(row, lost)
+        amax, pairs = _fasthist.updates(before.data_ptr() + 4 * offset, parts, self._lost_table(np.int32),
+                                        len(self.limits), lost)
+        row = self._store.row(name, "update", before)
+        self._store.add(row, pairs, amax, self.step)
+        self._store.add_lost(row, lost)
 
     def advance(self) -> None:
         """End the current step by hand (for loops without a torch.optim optimizer)."""
@@ -542,23 +576,17 @@ class Watcher:
         """
         import torch
 
-        row = self._store.row((name, kind), tensor.device)
+        row = self._store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
         cached = self._counted.get(key)
         if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
             counts, amax = cached[3], cached[4]
         else:
-            source = tensor
-            tensor = tensor.detach()
-            if tensor.layout != torch.strided:
-                tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
-            if not tensor.numel():
+            counts, amax = self._counts_of(tensor, unscale and self._inverse_scale is not None)
+            if counts is None:
                 return row, None
-            if unscale and self._inverse_scale is not None:
-                tensor = tensor.float() * self._inverse_scale.to(tensor.device)
-            counts, amax = self._counter.count(tensor)
             try:
-                self._counted[key] = (weakref.ref(source), version, unscale, counts, amax)
+                self._counted[key] = (weakref.ref(tensor), version, unscale, counts, amax)
                 if len(self._counted) > COUNTED_CACHE:
                     del self._counted[next(iter(self._counted))]
             except TypeError:   # a tensor type without weak references: not kept
@@ -566,7 +594,29 @@ class Watcher:
         self._store.add(row, counts, amax, self.step)
         return row, counts
 
-    def _lost_updates(self, update, before, update_counts):
+    def _counts_of(self, tensor, unscale: bool):
+        """(counts, amax) of a tensor, (None, None) when it is empty; unscale: divide by the GradScaler's scale."""
+        import torch
+
+        if not unscale and self._counter.on_host(tensor):   # the kernel reads the tensor as it is
+            amax, pairs = self._counter.count_pairs(tensor)
+            return (pairs, amax) if pairs else (None, None)
+        with self._tracer.busy():
+            tensor = tensor.detach()
+            if tensor.layout != torch.strided:
+                tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
+            if not tensor.numel():
+                return None, None
+            if unscale:
+                tensor = tensor.float() * self._inverse_scale.to(tensor.device)
+            elif not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+            if self._counter.on_host(tensor):
+                amax, pairs = self._counter.count_pairs(tensor)
+                return pairs, amax
+            return self._counter.count(tensor)
+
+    def _lost_updates(self, update, before):
         """Per format: nonzero updates smaller than half an ulp of their weight (w + u rounds back to w).
 
         With binades b (2^b <= |x| < 2^(b+1)) the ulp of w in a format with m
@@ -585,7 +635,7 @@ class Watcher:
         # lost_f = sum over weight fields g of #{1 <= t <= last_f[g]}: a cumulative sum along t, then a gather
         cumulative = joint.cumsum(dim=1)
         lost = cumulative.gather(1, self._lost_columns(joint.device)).sum(dim=0) - cumulative[:, 0].sum()
-        tiny = update_counts[1] + update_counts[513]  # sign 0/1, exponent field 0, mantissa nonzero
+        tiny = (joint[:, 0].sum() - ((u & 0x7FFFFFFF) == 0).sum())   # exponent field 0 but not zero: subnormal
         return lost + tiny
 
     def _lost_table(self, dtype=np.int64) -> np.ndarray:

@@ -7,9 +7,9 @@ lose, and the per-step amax of all gradients (a bounded array: when full,
 neighbouring steps merge by max and each entry then stands for twice as many
 steps). The tables are torch tensors on the device of the first tensor seen.
 
-Counts made on the host (the compiled kernel's, for CPU tensors) are added to
-CPU tables at once, through numpy views of them. Counts made on a device wait
-in a short list and are folded into the tables at the end of the step
+Counts made on the host (the compiled kernel's compact pairs, for CPU
+tensors) are added to CPU tables at once, in place. Counts made on a device
+wait in a short list and are folded into the tables at the end of the step
 (`flush`), with a few torch operations and no host read; everything stays on
 the device until `snapshot()`, the one place that reads back to the host.
 """
@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .histogram import RAW_SIZE
+from .histogram import RAW_SIZE, _fasthist, dense_counts
 
 NO_STEP = 2**62
 """first_nonfinite value of a record that never saw Inf or NaN."""
@@ -59,14 +59,14 @@ class Store:
         self.n_formats = n_formats
         self.step_capacity = step_capacity
         self.device = None
-        self.keys: list = []
-        self.index: dict = {}
+        self.keys: list = []               # (record name, kind) of each row
+        self.index: dict = {}              # kind -> {record name -> row}
         self.samples: list[int] = []
         self._gradient: list[bool] = []    # per row: a gradient kind (feeds the per-step amax)
         self._pending: list = []
         self._pending_lost: list = []
         self._rows_cache: dict = {}
-        self._host = None                  # numpy views of CPU tables (None on other devices)
+        self._host = None                  # (addresses of the CPU tables, their rows) for the kernel; None elsewhere
         self._step_gradient_amax = -math.inf  # the largest gradient amax added on the host this step
 
     # --------------------------------------------------------------- tables
@@ -83,25 +83,28 @@ class Store:
         self._view()
 
     def _view(self) -> None:
-        """Refresh the numpy views of CPU tables (after any table was replaced)."""
-        if self.device is not None and self.device.type == "cpu":
-            self._host = _HostViews(self.raw.numpy(), self.amax.numpy(), self.first_nonfinite.numpy(),
-                                    self.lost.numpy(), self.step_amax.numpy())
+        """Refresh what the kernel writes through (after any table was replaced)."""
+        if self.device is not None and self.device.type == "cpu" and _fasthist is not None:
+            self._host = (self.raw.data_ptr(), self.amax.data_ptr(), self.first_nonfinite.data_ptr(),
+                          self.raw.shape[0])
 
-    def row(self, key, device) -> int:
-        """The row of a (record name, kind) record, created on first use (tables grow by doubling)."""
-        found = self.index.get(key)
+    def row(self, name: str, kind: str, tensor) -> int:
+        """The row of the (name, kind) record, created on first use on `tensor`'s device (tables grow by doubling)."""
+        rows = self.index.get(kind)
+        if rows is None:
+            rows = self.index[kind] = {}
+        found = rows.get(name)
         if found is not None:
             return found
         if self.device is None:
-            self._allocate(device)
+            self._allocate(tensor.device)
         row = len(self.keys)
         if row == self.raw.shape[0]:
             self._grow(max(16, 2 * row))
-        self.index[key] = row
-        self.keys.append(key)
+        rows[name] = row
+        self.keys.append((name, kind))
         self.samples.append(0)
-        self._gradient.append(key[1] in GRADIENT_KINDS)
+        self._gradient.append(kind in GRADIENT_KINDS)
         return row
 
     def _grow(self, rows: int) -> None:
@@ -119,31 +122,31 @@ class Store:
         self._view()
 
     # ------------------------------------------------------------- updates
-    def add(self, row: int, counts, amax, step: int) -> None:
-        """Add one tensor's counts (int64[RAW_SIZE]) and amax to `row`, as an observation of `step`.
+    def add(self, row: int, counts, amax, step: int, samples: int = 1) -> None:
+        """Add one tensor's counts and amax (or those of `samples` tensors together) to `row`, as an observation
+        of `step`.
 
-        Host counts (numpy, with a float amax) go into CPU tables at once;
-        device counts (torch) are folded in at the next flush.
+        counts: the kernel's pairs (bytes, with a float amax), added to CPU
+        tables at once; or int64[RAW_SIZE] (numpy or torch), folded in at the
+        next flush.
         """
-        self.samples[row] += 1
+        self.samples[row] += samples
         host = self._host
-        if host is None or not isinstance(counts, np.ndarray):
+        if host is None or type(counts) is not bytes:
+            if type(counts) is bytes:
+                counts = dense_counts(counts)
             self._pending.append((row, counts, amax))
             if len(self._pending) >= MAX_PENDING:
                 self.flush(step)
             return
-        host.raw[row] += counts
-        if not amax <= host.amax[row]:             # larger, or NaN
-            host.amax[row] = nan_max(amax, float(host.amax[row]))
-        if amax != amax or amax == math.inf:
-            host.first_nonfinite[row] = min(int(host.first_nonfinite[row]), step)
+        _fasthist.accumulate(host, row, counts, amax, step)
         if self._gradient[row]:
             self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
     def add_lost(self, row: int, lost) -> None:
         """Add per-format counts of lost updates (int64 [n_formats], numpy or torch) for an update record."""
         if self._host is not None and isinstance(lost, np.ndarray):
-            self._host.lost[row] += lost
+            self.lost.numpy()[row] += lost
         else:
             self._pending_lost.append((row, lost))
 
@@ -193,7 +196,6 @@ class Store:
             merged = self.step_amax.view(-1, 2).amax(dim=1)
             self.step_amax = torch.cat([merged, torch.full_like(merged, -torch.inf)])
             self.steps_per_entry *= 2
-            self._view()
         i = step // self.steps_per_entry
         self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value.to(self.device))
 
@@ -283,17 +285,6 @@ def _restride(step_amax: np.ndarray, stride: int, target: int) -> np.ndarray:
         return step_amax
     merged = step_amax.reshape(-1, factor).max(axis=1)
     return np.concatenate([merged, np.full(len(step_amax) - len(merged), -np.inf, dtype=step_amax.dtype)])
-
-
-@dataclasses.dataclass
-class _HostViews:
-    """numpy views of a CPU store's tables (the same memory)."""
-
-    raw: np.ndarray
-    amax: np.ndarray
-    first_nonfinite: np.ndarray
-    lost: np.ndarray
-    step_amax: np.ndarray
 
 
 def _tensor(value, device, dtype):
