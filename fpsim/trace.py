@@ -274,6 +274,7 @@ class Tracer:
         self._aside = False                      # the mode is popped while autograd's engine runs
         self._handles: list = []
         self._sites: dict = {}                   # (module name, op) -> Site
+        self._prehook = self._on_node_grads      # one bound method for every node hooked
         self.error = None
         self._grad_wanted = hasattr(client, "output_grad")
         self._backward_wanted = hasattr(client, "backward_op")
@@ -379,11 +380,10 @@ class Tracer:
         sequence = node._sequence_nr()
         tags = self._hooked.get(sequence)
         if tags is None:
-            site = self._nodes.get(sequence)
-            if site is None:
+            if sequence not in self._nodes:
                 return None
             tags = self._hooked[sequence] = []
-            node.register_prehook(self._gradient_prehook(site, tags))
+            node.register_prehook(self._prehook)
         return tags
 
     def hook_output(self, tensor, tag) -> bool:
@@ -398,19 +398,23 @@ class Tracer:
         tags.append((tensor.output_nr, tag))
         return True
 
-    def _gradient_prehook(self, site, tags):
-        def on_grads(grads):
-            if getattr(self._busy, "on", False):
-                return None
-            tensors = [g for g in grads if g is not None and g.is_floating_point()]
-            if tensors:
-                self.client.output_grad(site, tensors)
-            for index, tag in tags:
-                grad = grads[index]
-                if grad is not None and grad.is_floating_point():
-                    self.client.tagged_grad(tag, grad)
+    def _on_node_grads(self, grads):
+        """The pre-hook of every node hooked (one function for all: the node is the one running)."""
+        import torch
+
+        node = torch._C._current_autograd_node()
+        if node is None or getattr(self._busy, "on", False):
             return None
-        return on_grads
+        sequence = node._sequence_nr()
+        site, tags = self._nodes.get(sequence), self._hooked.get(sequence, ())
+        tensors = [g for g in grads if g is not None and g.is_floating_point()]
+        if tensors and site is not None:
+            self.client.output_grad(site, tensors)
+        for index, tag in tags:
+            grad = grads[index]
+            if grad is not None and grad.is_floating_point():
+                self.client.tagged_grad(tag, grad)
+        return None
 
     def _on_op(self, func, out, args=()):
         import torch

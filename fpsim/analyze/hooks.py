@@ -442,7 +442,8 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
-        if kwargs.get("closure") is None and not args:   # the step's own arithmetic is not the model's
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)   # args: (optimizer, ...)
+        if closure is None:                  # the step's own arithmetic is not the model's: no interception
             self._tracer.intercept(False)
         try:
             with self._tracer.busy():
