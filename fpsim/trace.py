@@ -208,13 +208,11 @@ _OP_NAMES: dict = {}
 """OpOverload -> its short name, or None when its outputs are skipped (filled as ops are first seen)."""
 
 
-def _float_outputs(out) -> list:
-    import torch
-
-    if isinstance(out, torch.Tensor):
+def _float_outputs(out, tensor_type) -> list:
+    if isinstance(out, tensor_type):
         return [out] if out.is_floating_point() else []
     if isinstance(out, (tuple, list)):
-        return [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return [t for t in out if isinstance(t, tensor_type) and t.is_floating_point()]
     return []
 
 
@@ -275,6 +273,12 @@ class Tracer:
         self._handles: list = []
         self._sites: dict = {}                   # (module name, op) -> Site
         self._prehook = self._on_node_grads      # one bound method for every node hooked
+        import torch                             # what the per-op and per-module paths call, at hand
+
+        self._tensor = torch.Tensor
+        self._is_compiling = torch.compiler.is_compiling
+        self._current_node = torch._C._current_autograd_node
+        self._next_sequence = torch._C._autograd._get_sequence_nr
         self.error = None
         self._grad_wanted = hasattr(client, "output_grad")
         self._backward_wanted = hasattr(client, "backward_op")
@@ -341,9 +345,7 @@ class Tracer:
         return self._stack[-1] if self._stack else OUTSIDE
 
     def _on_pre(self, module, args):
-        import torch
-
-        if torch.compiler.is_compiling():
+        if self._is_compiling():
             return
         name = self.names.get(module)
         if name is None:
@@ -355,9 +357,7 @@ class Tracer:
         self._stack.append(name)
 
     def _on_post(self, module, args, output):
-        import torch
-
-        if torch.compiler.is_compiling() or not self._stack:
+        if self._is_compiling() or not self._stack:
             return
         name = self._stack.pop()
         if getattr(self._busy, "on", False):
@@ -400,9 +400,7 @@ class Tracer:
 
     def _on_node_grads(self, grads):
         """The pre-hook of every node hooked (one function for all: the node is the one running)."""
-        import torch
-
-        node = torch._C._current_autograd_node()
+        node = self._current_node()
         if node is None or getattr(self._busy, "on", False):
             return None
         sequence = node._sequence_nr()
@@ -417,23 +415,21 @@ class Tracer:
         return None
 
     def _on_op(self, func, out, args=()):
-        import torch
-
         op = _OP_NAMES.get(func, False)
         if op is False:
             op = _OP_NAMES[func] = _op_name(func)
         if op is None or getattr(self._busy, "on", False):
             return out
-        outputs = _float_outputs(out)
+        outputs = _float_outputs(out, self._tensor)
         if not outputs:
             return out
-        node = torch._C._current_autograd_node()
+        node = self._current_node()
         if node is None:
             module = self._stack[-1] if self._stack else OUTSIDE
             site = self._sites.get((module, op))
             if site is None:
                 site = self._sites[(module, op)] = Site(module, op)
-            sequence = torch._C._autograd._get_sequence_nr()
+            sequence = self._next_sequence()
             if sequence != self._last_sequence:      # this op made an autograd node: remember it
                 self._last_sequence = sequence
                 if len(self._nodes) >= MAX_NODES:

@@ -58,16 +58,6 @@ TINY_LOG2_RANGE = (-149, -126)
 
 _F32_MANTISSA = 0x7FFFFF
 _F64_MANTISSA = (1 << 52) - 1
-_KERNEL_KINDS: dict = {}
-
-
-def _kinds() -> dict:
-    """torch dtype -> the kernel's code for it (float32 0, float16 1, bfloat16 2)."""
-    if not _KERNEL_KINDS:
-        import torch
-
-        _KERNEL_KINDS.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2})
-    return _KERNEL_KINDS
 
 
 def kernel_available() -> bool:
@@ -112,11 +102,16 @@ class Log2Counter:
     """
 
     def __init__(self, kernel: bool | None = None):
+        import torch
+
         if kernel and _fasthist is None:
             raise ValueError("kernel=True, but fpsim's counting kernel was not built (no C compiler at install)")
         self.kernel = _fasthist is not None if kernel is None else bool(kernel)
         self._f64_maps = {}
         self._local = threading.local()  # per-thread scratch buffers (hooks may run in autograd threads)
+        self._plain = (torch.Tensor, torch.nn.Parameter)   # what on_host checks, at hand (it runs per tensor)
+        self._strided = torch.strided
+        self._kinds = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
     def _scratch(self, n: int):
         import torch
@@ -130,15 +125,12 @@ class Log2Counter:
     def on_host(self, x) -> bool:
         """Whether the compiled kernel reads `x`: a plain contiguous float32/16/bf16 CPU tensor (numpy counts
         and a float amax from `count`, compact pairs from `count_pairs`)."""
-        import torch
+        return (self.kernel and x.__class__ in self._plain and x.is_cpu and x.dtype in self._kinds
+                and x.layout is self._strided and x.is_contiguous() and not x.is_neg())
 
-        return (self.kernel and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_cpu
-                and x.dtype in _kinds() and x.layout is torch.strided and x.is_contiguous() and not x.is_neg())
-
-    @staticmethod
-    def count_pairs(x):
+    def count_pairs(self, x):
         """(amax, pairs) of a tensor `on_host` accepts: the kernel's compact counts (see dense_counts)."""
-        return _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype])
+        return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype])
 
     def count(self, x, mass: bool = False):
         """(counts, amax) of a floating tensor, or (counts, amax, mass) with `mass`; nothing read back to the host.
@@ -152,13 +144,12 @@ class Log2Counter:
             return self._count_on_host(x, mass)
         return self._count_on_device(x, mass)
 
-    @staticmethod
-    def _count_on_host(x, mass: bool):
+    def _count_on_host(self, x, mass: bool):
         if not mass:
-            amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype])
+            amax, pairs = self.count_pairs(x)
             return dense_counts(pairs), amax
         masses = np.zeros(MASS_SIZE, dtype=np.float64)
-        amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), _kinds()[x.dtype], masses)
+        amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype], masses)
         return dense_counts(pairs), amax, masses
 
     def _count_on_device(self, x, mass: bool):

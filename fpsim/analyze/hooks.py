@@ -575,7 +575,6 @@ class Watcher:
         A tensor counted a moment ago and unchanged since (same object, same
         version) is added again from its counts.
         """
-        import torch
 
         row = self._store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
