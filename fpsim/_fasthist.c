@@ -14,7 +14,8 @@
  *   (address, n); adds to lost[f] (int64[n_formats]) the nonzero updates a weight stored in format f
  *   would lose: exponent field of u in 1..last[g * n_formats + f] (int32[256 * n_formats]), g the
  *   exponent field of the weight before, or u a float32 subnormal.
- * count_parts(parts, kind) -> (amax, pairs): count over several buffers, parts being their (address, n).
+ * count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their
+ *   (address, n); with `mass`, as count does.
  * accumulate(tables, row, pairs, amax_value, step): tables = (raw, amax, first, rows), the addresses of
  *   a store's tables (int64 [rows, 1026], float32 [rows], int64 [rows]) and their row count; adds
  *   pairs to raw[row], raises amax[row] (NaN sticks) and, for a non-finite amax_value, lowers
@@ -316,18 +317,26 @@ static int part_at(PyObject *parts, Py_ssize_t k, unsigned long long *address, P
 }
 
 static PyObject *count_parts(PyObject *self, PyObject *args) {
-    PyObject *parts;
+    PyObject *parts, *mass_obj = Py_None;
     int kind;
-    if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &parts, &kind) || !check_kind(kind)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!i|O", &PyTuple_Type, &parts, &kind, &mass_obj) || !check_kind(kind)) return NULL;
+    Py_buffer mass;
+    int with_mass = mass_obj != Py_None;
+    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) return NULL;
     int64_t totals[1024] = {0};
     uint32_t top = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(parts); k++) {
         unsigned long long address;
         Py_ssize_t n;
-        if (!part_at(parts, k, &address, &n)) return NULL;
-        uint32_t t = count_buffer((const char *)(uintptr_t)address, n, kind, totals, NULL);
+        if (!part_at(parts, k, &address, &n)) {
+            if (with_mass) PyBuffer_Release(&mass);
+            return NULL;
+        }
+        uint32_t t = count_buffer((const char *)(uintptr_t)address, n, kind, totals,
+                                  with_mass ? (double *)mass.buf : NULL);
         top = t > top ? t : top;
     }
+    if (with_mass) PyBuffer_Release(&mass);
     PyObject *pairs = pairs_of(totals);
     if (!pairs) return NULL;
     return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
@@ -433,7 +442,8 @@ static PyMethodDef methods[] = {
      "updates(before, parts, last, n_formats, lost) -> (amax, pairs) of the float32 updates (address, n) - "
      "before, with the updates lost per format added to lost"},
     {"count_parts", count_parts, METH_VARARGS,
-     "count_parts(parts, kind) -> (amax, pairs): count over several buffers, parts being their (address, n)"},
+     "count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their "
+     "(address, n); their mass added to mass as count does"},
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate((raw, amax, first, rows), row, pairs, amax_value, step): add a tensor's pairs and amax to a "
      "table row, the tables given by address"},

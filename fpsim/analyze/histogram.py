@@ -128,9 +128,12 @@ class Log2Counter:
         return (self.kernel and x.__class__ in self._plain and x.is_cpu and x.dtype in self._kinds
                 and x.layout is self._strided and x.is_contiguous() and not x.is_neg())
 
-    def count_pairs(self, x):
-        """(amax, pairs) of a tensor `on_host` accepts: the kernel's compact counts (see dense_counts)."""
-        return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype])
+    def count_pairs(self, x, mass=None):
+        """(amax, pairs) of a tensor `on_host` accepts: the kernel's compact counts (see dense_counts); its mass
+        per binade added to `mass` (float64[MASS_SIZE]) when given."""
+        if mass is None:
+            return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype])
+        return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype], mass)
 
     def count(self, x, mass: bool = False):
         """(counts, amax) of a floating tensor, or (counts, amax, mass) with `mass`; nothing read back to the host.
@@ -149,7 +152,7 @@ class Log2Counter:
             amax, pairs = self.count_pairs(x)
             return dense_counts(pairs), amax
         masses = np.zeros(MASS_SIZE, dtype=np.float64)
-        amax, pairs = _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype], masses)
+        amax, pairs = self.count_pairs(x, masses)
         return dense_counts(pairs), amax, masses
 
     def _count_on_device(self, x, mass: bool):

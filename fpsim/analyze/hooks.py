@@ -32,7 +32,7 @@ import weakref
 import numpy as np
 
 from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
-from .histogram import Log2Counter, _fasthist
+from .histogram import MASS_SIZE, Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .signals import Terminated, deferred_signals
@@ -127,7 +127,7 @@ class Watcher:
         self.tied: dict = {}                            # record name -> record names sharing its parameters
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
-        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax)
+        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax, mass)
         self._dtypes: dict = {}                         # record name -> {torch dtype: tensors}
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
@@ -471,8 +471,9 @@ class Watcher:
         for name, params in groups:
             n = sum(p.numel() for p in params)
             if "weight" in self.kinds and n:
-                amax, pairs = _fasthist.count(address + 4 * offset, n, 0)
-                self._store.add(self._store.row(name, "weight", flat), pairs, amax, self.step)
+                mass = np.zeros(MASS_SIZE)
+                amax, pairs = _fasthist.count(address + 4 * offset, n, 0, mass)
+                self._store.add(self._store.row(name, "weight", flat), pairs, amax, self.step, mass=mass)
             if "update" in self.kinds:
                 self._snapshots[name] = (params, flat, offset)
             offset += n
@@ -511,10 +512,11 @@ class Watcher:
             if "optimizer_grad" in self.kinds:
                 grads = [p.grad for p in params if p.grad is not None]
                 if not scaled and self._counter.kernel and grads and all(_plain_f32(g) for g in grads):
-                    amax, pairs = _fasthist.count_parts(tuple((g.data_ptr(), g.numel()) for g in grads), 0)
+                    mass = np.zeros(MASS_SIZE)
+                    amax, pairs = _fasthist.count_parts(tuple((g.data_ptr(), g.numel()) for g in grads), 0, mass)
                     if pairs:
                         self._store.add(self._store.row(name, "optimizer_grad", grads[0]), pairs, amax, self.step,
-                                        samples=len(grads))
+                                        samples=len(grads), mass=mass)
                 else:
                     for g in grads:
                         self._count(name, "optimizer_grad", g, unscale=scaled)
@@ -569,7 +571,7 @@ class Watcher:
 
     # -------------------------------------------------------------- counting
     def _count(self, name: str, kind: str, tensor, unscale: bool = False):
-        """Add a tensor's counts to (name, kind); (row, counts or None when empty).
+        """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty).
 
         unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
         A tensor counted a moment ago and unchanged since (same object, same
@@ -580,41 +582,43 @@ class Watcher:
         key, version = id(tensor), tensor._version
         cached = self._counted.get(key)
         if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
-            counts, amax = cached[3], cached[4]
+            counts, amax, mass = cached[3], cached[4], cached[5]
         else:
-            counts, amax = self._counts_of(tensor, unscale and self._inverse_scale is not None)
+            counts, amax, mass = self._counts_of(tensor, unscale and self._inverse_scale is not None)
             if counts is None:
                 return row, None
             try:
-                self._counted[key] = (weakref.ref(tensor), version, unscale, counts, amax)
+                self._counted[key] = (weakref.ref(tensor), version, unscale, counts, amax, mass)
                 if len(self._counted) > COUNTED_CACHE:
                     del self._counted[next(iter(self._counted))]
             except TypeError:   # a tensor type without weak references: not kept
                 pass
-        self._store.add(row, counts, amax, self.step)
+        self._store.add(row, counts, amax, self.step, mass=None if kind == "update" else mass)
         return row, counts
 
     def _counts_of(self, tensor, unscale: bool):
-        """(counts, amax) of a tensor, (None, None) when it is empty; unscale: divide by the GradScaler's scale."""
+        """(counts, amax, mass) of a tensor, Nones when it is empty; unscale: divide by the GradScaler's scale."""
         import torch
 
         if not unscale and self._counter.on_host(tensor):   # the kernel reads the tensor as it is
-            amax, pairs = self._counter.count_pairs(tensor)
-            return (pairs, amax) if pairs else (None, None)
+            mass = np.zeros(MASS_SIZE)
+            amax, pairs = self._counter.count_pairs(tensor, mass)
+            return (pairs, amax, mass) if pairs else (None, None, None)
         with self._tracer.busy():
             tensor = tensor.detach()
             if tensor.layout != torch.strided:
                 tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
             if not tensor.numel():
-                return None, None
+                return None, None, None
             if unscale:
                 tensor = tensor.float() * self._inverse_scale.to(tensor.device)
             elif not tensor.is_contiguous():
                 tensor = tensor.contiguous()
             if self._counter.on_host(tensor):
-                amax, pairs = self._counter.count_pairs(tensor)
-                return pairs, amax
-            return self._counter.count(tensor)
+                mass = np.zeros(MASS_SIZE)
+                amax, pairs = self._counter.count_pairs(tensor, mass)
+                return pairs, amax, mass
+            return self._counter.count(tensor, mass=True)
 
     def _lost_updates(self, update, before):
         """Per format: nonzero updates smaller than half an ulp of their weight (w + u rounds back to w).

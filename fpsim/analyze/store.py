@@ -1,7 +1,8 @@
 """Accumulators of an observed run, with bounded memory and no host synchronisation.
 
 Hooks hand each observed tensor's counts here (`add`): the log2 histograms
-(one row per (module, kind) record), the running amax, the first step that
+(one row per (module, kind) record), the mass per binade beside them (sum of
+|x| and of x^2, float64), the running amax, the first step that
 saw Inf or NaN, the per-format counts of updates a low-precision weight would
 lose, and the per-step amax of all gradients (a bounded array: when full,
 neighbouring steps merge by max and each entry then stands for twice as many
@@ -21,7 +22,7 @@ import math
 
 import numpy as np
 
-from .histogram import RAW_SIZE, _fasthist, dense_counts
+from .histogram import MASS_SIZE, RAW_SIZE, _fasthist, dense_counts
 
 NO_STEP = 2**62
 """first_nonfinite value of a record that never saw Inf or NaN."""
@@ -35,6 +36,7 @@ class Snapshot:
 
     keys: list
     raw: np.ndarray            # (R, RAW_SIZE) int64
+    mass: np.ndarray           # (R, MASS_SIZE) float64: sum |x| and sum x^2 per exponent field (histogram.py)
     amax: np.ndarray           # (R,) float32
     first_nonfinite: np.ndarray  # (R,) int64, NO_STEP when never
     samples: np.ndarray        # (R,) int64: tensors counted
@@ -65,8 +67,10 @@ class Store:
         self._gradient: list[bool] = []    # per row: a gradient kind (feeds the per-step amax)
         self._pending: list = []
         self._pending_lost: list = []
+        self._pending_mass: list = []
         self._rows_cache: dict = {}
         self._host = None                  # (addresses of the CPU tables, their rows) for the kernel; None elsewhere
+        self._host_mass = None             # the CPU mass table as numpy, added to in place; None elsewhere
         self._step_gradient_amax = -math.inf  # the largest gradient amax added on the host this step
 
     # --------------------------------------------------------------- tables
@@ -75,6 +79,7 @@ class Store:
 
         self.device = device
         self.raw = torch.zeros((0, RAW_SIZE), dtype=torch.int64, device=device)
+        self.mass = torch.zeros((0, MASS_SIZE), dtype=torch.float64, device=device)
         self.amax = torch.zeros(0, dtype=torch.float32, device=device)
         self.first_nonfinite = torch.zeros(0, dtype=torch.int64, device=device)
         self.lost = torch.zeros((0, self.n_formats), dtype=torch.int64, device=device)
@@ -87,6 +92,8 @@ class Store:
         if self.device is not None and self.device.type == "cpu" and _fasthist is not None:
             self._host = (self.raw.data_ptr(), self.amax.data_ptr(), self.first_nonfinite.data_ptr(),
                           self.raw.shape[0])
+        if self.device is not None and self.device.type == "cpu":
+            self._host_mass = self.mass.numpy()
 
     def row(self, name: str, kind: str, tensor) -> int:
         """The row of the (name, kind) record, created on first use on `tensor`'s device (tables grow by doubling)."""
@@ -116,21 +123,27 @@ class Store:
             return bigger
 
         self.raw = grown(self.raw, 0)
+        self.mass = grown(self.mass, 0.0)
         self.amax = grown(self.amax, 0.0)
         self.first_nonfinite = grown(self.first_nonfinite, NO_STEP)
         self.lost = grown(self.lost, 0)
         self._view()
 
     # ------------------------------------------------------------- updates
-    def add(self, row: int, counts, amax, step: int, samples: int = 1) -> None:
+    def add(self, row: int, counts, amax, step: int, samples: int = 1, mass=None) -> None:
         """Add one tensor's counts and amax (or those of `samples` tensors together) to `row`, as an observation
-        of `step`.
+        of `step`, and its mass (float64[MASS_SIZE], numpy or torch) when given.
 
         counts: the kernel's pairs (bytes, with a float amax), added to CPU
         tables at once; or int64[RAW_SIZE] (numpy or torch), folded in at the
-        next flush.
+        next flush. Mass as numpy goes into CPU tables at once, else at the flush.
         """
         self.samples[row] += samples
+        if mass is not None:
+            if self._host_mass is not None and type(mass) is np.ndarray:
+                self._host_mass[row] += mass
+            else:
+                self._pending_mass.append((row, mass))
         host = self._host
         if host is None or type(counts) is not bytes:
             if type(counts) is bytes:
@@ -188,6 +201,12 @@ class Store:
             lost = torch.stack([_tensor(v, self.device, torch.int64) for _, v in self._pending_lost])
             self._pending_lost = []
             self.lost.index_add_(0, index, lost)
+        if self._pending_mass:
+            rows = tuple(r for r, _ in self._pending_mass)
+            index, _ = self._rows(rows)
+            mass = torch.stack([_tensor(v, self.device, torch.float64) for _, v in self._pending_mass])
+            self._pending_mass = []
+            self.mass.index_add_(0, index, mass)
 
     def _record_step_amax(self, step: int, value) -> None:
         import torch
@@ -210,11 +229,12 @@ class Store:
         if reduce_across_ranks:
             return self._reduced_snapshot(replicated_kinds)
         if self.device is None:
-            return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros(0, np.float32),
+            return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros((0, MASS_SIZE)), np.zeros(0, np.float32),
                             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, self.n_formats), np.int64),
                             np.zeros(0, np.float32), 1)
         n = len(self.keys)
-        return Snapshot(list(self.keys), self.raw[:n].cpu().numpy().copy(), self.amax[:n].cpu().numpy().copy(),
+        return Snapshot(list(self.keys), self.raw[:n].cpu().numpy().copy(), self.mass[:n].cpu().numpy().copy(),
+                        self.amax[:n].cpu().numpy().copy(),
                         self.first_nonfinite[:n].cpu().numpy().copy(), np.array(self.samples, dtype=np.int64),
                         self.lost[:n].cpu().numpy().copy(), self.step_amax.cpu().numpy().copy(),
                         self.steps_per_entry)
@@ -244,16 +264,20 @@ class Store:
             return out
 
         raw = aligned(local.raw, 0, (RAW_SIZE,))
+        mass = aligned(local.mass, 0.0, (MASS_SIZE,))
         samples = aligned(local.samples, 0)
         lost = aligned(local.lost, 0, (F,))
         replicated = np.array([k[1] in replicated_kinds for k in keys], dtype=bool)
         if rank != 0:
             raw[replicated] = 0
+            mass[replicated] = 0.0
             samples[replicated] = 0
             lost[replicated] = 0
         step_amax = _restride(local.step_amax, local.steps_per_entry, stride)
         sums = torch.from_numpy(np.concatenate([raw.ravel(), samples, lost.ravel()])).to(device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        mass_sums = torch.from_numpy(mass.ravel()).to(device)
+        dist.all_reduce(mass_sums, op=dist.ReduceOp.SUM)
         maxima = torch.from_numpy(np.concatenate([aligned(local.amax, 0.0), step_amax]).astype(np.float32)).to(device)
         # a NaN amax (the run diverged) must survive the MAX whatever the backend does with NaN
         nan_flags = torch.isnan(maxima).to(torch.int32)
@@ -269,6 +293,7 @@ class Store:
         return Snapshot(
             [tuple(k) for k in keys],
             sums[:n_raw].reshape(R, RAW_SIZE),
+            mass_sums.cpu().numpy().reshape(R, MASS_SIZE),
             maxima[:R],
             minima.cpu().numpy(),
             sums[n_raw:n_raw + R],
