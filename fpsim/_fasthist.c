@@ -67,8 +67,20 @@ static inline float f32_of(uint32_t u) {
 
 typedef struct {
     uint32_t h[LANES][1024];
-    double mass[LANES][MASS_SIZE];
+    uint64_t s1[LANES][256], s2[LANES][256]; /* per exponent field: sums of the significands and their squares */
 } lanes_t;
+
+#define MASS_CHUNK (1 << 16) /* values per fold of the significand sums: no lane's sum of squares can overflow */
+static double unit1[256], unit2[256]; /* the value of one significand unit (and its square) by exponent field */
+
+/* The mass of a float32 pattern U into lane LANE: |x| = significand * unit1[F], exactly, as integers. */
+#define MASS_ONE(LANE, U)                                                                          \
+    do {                                                                                           \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                                \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                                \
+        L->s1[LANE][f_] += s_;                                                                     \
+        L->s2[LANE][f_] += s_ * s_;                                                                \
+    } while (0)
 
 /* Class index of a float32 pattern (also of a bfloat16 pattern shifted up 16 bits). */
 #define F32_CLASS(u) ((((u) >> 22) & 0x3feu) | (((u) & 0x7fffffu) != 0))
@@ -92,6 +104,10 @@ static void init_tables(void) {
     for (uint32_t s = 0; s < 2; s++)
         for (uint32_t e = 0; e < 32; e++) f16_base[s << 5 | e] = f16_class(s << 15 | e << 10) & ~1u;
     for (uint32_t m = 0; m < 1024; m++) f16_subnormal[m] = f16_class(m);
+    for (int f = 0; f < 256; f++) {
+        unit1[f] = ldexp(1.0, (f ? f : 1) - 150);
+        unit2[f] = unit1[f] * unit1[f];
+    }
 }
 
 /* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); BITS(i)
@@ -99,7 +115,7 @@ static void init_tables(void) {
 #define COUNT_LOOP(CLASS, BITS, WITH_MASS)                                            \
     do {                                                                              \
         Py_ssize_t i = 0;                                                             \
-        if (lanes == LANES && !(WITH_MASS)) {                                         \
+        if (lanes == LANES) {                                                         \
             uint32_t *h0 = L->h[0], *h1 = L->h[1], *h2 = L->h[2], *h3 = L->h[3];      \
             for (; i + 4 <= n; i += 4) {                                              \
                 uint32_t c0 = CLASS(i), c1 = CLASS(i + 1), c2 = CLASS(i + 2), c3 = CLASS(i + 3); \
@@ -107,20 +123,18 @@ static void init_tables(void) {
                 h1[c1]++;                                                             \
                 h2[c2]++;                                                             \
                 h3[c3]++;                                                             \
+                if (WITH_MASS) {                                                      \
+                    MASS_ONE(0, BITS(i));                                             \
+                    MASS_ONE(1, BITS(i + 1));                                         \
+                    MASS_ONE(2, BITS(i + 2));                                         \
+                    MASS_ONE(3, BITS(i + 3));                                         \
+                }                                                                     \
             }                                                                         \
         }                                                                             \
         for (; i < n; i++) {                                                          \
-            uint32_t c = CLASS(i);                                                    \
             int lane = (int)(i & (lanes - 1));                                        \
-            L->h[lane][c]++;                                                          \
-            if (WITH_MASS) {                                                          \
-                uint32_t f = (c >> 1) & 0xffu;                                        \
-                if (f != 255u) {                                                      \
-                    double a = (double)f32_of((BITS(i)) & 0x7fffffffu);               \
-                    L->mass[lane][f] += a;                                            \
-                    L->mass[lane][256 + f] += a * a;                                  \
-                }                                                                     \
-            }                                                                         \
+            L->h[lane][CLASS(i)]++;                                                   \
+            if (WITH_MASS) MASS_ONE(lane, BITS(i));                                   \
         }                                                                             \
     } while (0)
 
@@ -180,9 +194,14 @@ static void fold(lanes_t *L, int lanes, int64_t *totals, double *mass) {
     for (int lane = 0; lane < lanes; lane++) {
         for (int c = 0; c < 1024; c++) totals[c] += L->h[lane][c];
         memset(L->h[lane], 0, sizeof(L->h[lane]));
-        if (mass) {
-            for (int k = 0; k < MASS_SIZE; k++) mass[k] += L->mass[lane][k];
-            memset(L->mass[lane], 0, sizeof(L->mass[lane]));
+        if (mass) { /* field 255: Inf and NaN, which carry no mass */
+            for (int f = 0; f < 255; f++)
+                if (L->s1[lane][f]) {
+                    mass[f] += (double)L->s1[lane][f] * unit1[f];
+                    mass[256 + f] += (double)L->s2[lane][f] * unit2[f];
+                }
+            memset(L->s1[lane], 0, sizeof(L->s1[lane]));
+            memset(L->s2[lane], 0, sizeof(L->s2[lane]));
         }
     }
 }
@@ -259,8 +278,9 @@ static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *
     uint32_t top = 0;
     int release = n >= NOGIL_FROM;
     PyThreadState *state = release ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t done = 0; done < n; done += CHUNK) {
-        Py_ssize_t part = n - done < CHUNK ? n - done : CHUNK;
+    Py_ssize_t chunk_size = mass ? MASS_CHUNK : CHUNK;
+    for (Py_ssize_t done = 0; done < n; done += chunk_size) {
+        Py_ssize_t part = n - done < chunk_size ? n - done : chunk_size;
         const char *chunk = data + done * kind_size(kind);
         uint32_t t;
         if (lanes == LANES && !mass && kind == KIND_F32) {   /* (bfloat16 measured no faster this way) */
@@ -271,7 +291,10 @@ static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *
             }
         }
         memset(L->h, 0, sizeof(L->h[0]) * lanes);
-        if (mass) memset(L->mass, 0, sizeof(L->mass[0]) * lanes);
+        if (mass) {
+            memset(L->s1, 0, sizeof(L->s1[0]) * lanes);
+            memset(L->s2, 0, sizeof(L->s2[0]) * lanes);
+        }
         t = count_chunk(chunk, part, kind, mass != NULL, lanes, L);
         top = t > top ? t : top;
         fold(L, lanes, totals, mass);
