@@ -1,4 +1,5 @@
-"""Packages, the study scripts and the optional C kernel; fpsim works without the kernel (numpy path).
+"""Packages, the study scripts and the optional C kernels (the rounding engine's and the analyzer's
+histograms); fpsim works without them (numpy and torch paths).
 
 The study scripts live in the top-level studies/ folder (they regenerate docs/) and ship
 inside the wheel as the package fpsim.study_scripts, so that `fpsim study` runs from an install.
@@ -16,6 +17,12 @@ setup(
             depends=["fpsim/_fastround_width.h"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
-        )
+        ),
+        Extension(
+            "fpsim._fasthist",
+            sources=["fpsim/_fasthist.c"],
+            extra_compile_args=["-O3"],
+            optional=True,  # no compiler: install anyway and count with torch operations
+        ),
     ],
 )

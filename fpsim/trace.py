@@ -7,9 +7,17 @@ op's floating-point outputs to a client, which may observe them or return
 replacements (emulation rounds them):
 
     client.forward_op(site, outputs)    -> None, or a list of replacement tensors
-    client.backward_op(site, outputs)   -> None, or a list of replacement tensors
-    client.output_grad(site, grads)     (the gradients of a forward op's outputs)
+    client.backward_op(site, outputs)   -> None, or a list of replacement tensors (optional)
+    client.output_grad(site, grads)     (the gradients of a forward op's outputs; optional)
+    client.tagged_grad(tag, grad)       (the gradient of an output tagged with `hook_output`)
     client.module_output(name, module, output)
+
+The client's own tensor operations must run inside `tracer.busy()`.
+
+A client without `backward_op` gets no backward ops: the mode steps aside
+while autograd's engine runs (torch.autograd's `_engine_run_backward` is
+wrapped while such a tracer is attached), so that a backward pass costs what
+it costs unobserved; gradient pre-hooks and parameter hooks still run.
 
 How the pieces are found:
 - the innermost module: a stack kept by global forward pre/post hooks (the
@@ -54,10 +62,10 @@ class Site:
 
     module: str
     op: str
+    name: str = dataclasses.field(init=False, compare=False, repr=False)
 
-    @property
-    def name(self) -> str:
-        return f"{self.module}:{self.op}"
+    def __post_init__(self):
+        object.__setattr__(self, "name", f"{self.module}:{self.op}")
 
 
 def unwrap(module):
@@ -69,6 +77,36 @@ def unwrap(module):
             break
         module, seen = inner, seen + 1
     return module
+
+
+class IdentityMap:
+    """A mapping keyed by object identity that holds its keys weakly: an entry goes when its object dies.
+
+    For modules and tensors on hot paths: a WeakKeyDictionary makes a weak
+    reference at every lookup, this makes one per entry.
+    """
+
+    def __init__(self):
+        self._entries: dict = {}            # id(obj) -> (weak reference, value)
+
+    def get(self, obj, default=None):
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else default
+
+    def __contains__(self, obj) -> bool:
+        entry = self._entries.get(id(obj))
+        return entry is not None and entry[0]() is obj
+
+    def __setitem__(self, obj, value) -> None:
+        key, entries = id(obj), self._entries
+
+        def gone(ref):
+            if entries.get(key, (None,))[0] is ref:
+                del entries[key]
+        entries[key] = (weakref.ref(obj, gone), value)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _strip(name: str) -> str:
@@ -91,7 +129,7 @@ class ModuleNames:
     """
 
     def __init__(self):
-        self._names = weakref.WeakKeyDictionary()   # module -> qualified name
+        self._names = IdentityMap()                 # module -> qualified name
         self._roots: dict = {}                      # label -> weakref to the root
         self.scripted: list = []                    # names of TorchScript modules seen
         self.compiled: list = []                    # names of torch.compile'd modules seen
@@ -154,22 +192,27 @@ def _inside_script(name: str, core) -> bool:
     return False
 
 
-def _skipped(func) -> bool:
-    """View ops make no new values; empty allocations hold garbage."""
+def _op_name(func):
+    """The op's short name ('mul'), or None for ops whose outputs are skipped: views make no new values,
+    empty allocations hold garbage, constants and copies repeat what is known."""
     name = func._schema.name
-    return func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
-        "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros", "aten::ones",
-        "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones", "aten::new_full",
-        "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy")
+    if func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
+            "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros",
+            "aten::ones", "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones",
+            "aten::new_full", "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy"):
+        return None
+    return name.split("::")[-1]
 
 
-def _float_outputs(out) -> list:
-    import torch
+_OP_NAMES: dict = {}
+"""OpOverload -> its short name, or None when its outputs are skipped (filled as ops are first seen)."""
 
-    if isinstance(out, torch.Tensor):
+
+def _float_outputs(out, tensor_type) -> list:
+    if isinstance(out, tensor_type):
         return [out] if out.is_floating_point() else []
     if isinstance(out, (tuple, list)):
-        return [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return [t for t in out if isinstance(t, tensor_type) and t.is_floating_point()]
     return []
 
 
@@ -200,7 +243,7 @@ def _make_mode_class():
             return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            out = func._op(*args, **kwargs) if kwargs else func._op(*args)   # what func(...) calls
             return self.tracer._on_op(func, out, args)
 
     return _Mode
@@ -213,8 +256,8 @@ class Tracer:
     """Op-level interception for one client: `attach()` (or a with block) starts it, `close()` ends it.
 
     names: a ModuleNames (the client names its model there first). The client
-    switches op interception on and off with `intercept(bool)` (the module
-    stack is kept either way, so that turning it on mid-run attributes right).
+    switches op interception on and off with `intercept(bool)`, and the module
+    hooks with `modules(bool)` (between steps: the module stack starts empty).
     """
 
     def __init__(self, client, names: ModuleNames | None = None):
@@ -222,21 +265,44 @@ class Tracer:
         self.names = names if names is not None else ModuleNames()
         self._stack: list = []                  # names of the modules running, innermost last
         self._nodes: dict = {}                  # autograd sequence number -> Site of the forward op
-        self._hooked: set = set()               # sequence numbers of nodes given a gradient pre-hook
+        self._hooked: dict = {}                 # sequence number of a node given a gradient pre-hook -> its tags
         self._last_sequence = -1
         self._busy = threading.local()           # the client's own tensor work passes through untouched
         self._mode = None
+        self._aside = False                      # the mode is popped while autograd's engine runs
         self._handles: list = []
+        self._sites: dict = {}                   # (module name, op) -> Site
+        self._prehook = self._on_node_grads      # one bound method for every node hooked
+        import torch                             # what the per-op and per-module paths call, at hand
+
+        self._tensor = torch.Tensor
+        self._is_compiling = torch.compiler.is_compiling
+        self._current_node = torch._C._current_autograd_node
+        self._next_sequence = torch._C._autograd._get_sequence_nr
         self.error = None
         self._grad_wanted = hasattr(client, "output_grad")
+        self._backward_wanted = hasattr(client, "backward_op")
 
     # ------------------------------------------------------------ life cycle
     def attach(self) -> "Tracer":
+        """Start following modules (the global module hooks); `intercept(True)` starts the op interception."""
+        self.modules(True)
+        if not self._backward_wanted:
+            _steps_aside_in_backward(self, True)
+        return self
+
+    def modules(self, on: bool) -> None:
+        """Add or remove the global module hooks (steps nobody observes need not pay for them)."""
         from torch.nn.modules import module as nn_module
 
-        self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
-                         nn_module.register_module_forward_hook(self._on_post, always_call=True)]
-        return self
+        if on and not self._handles:
+            self._stack.clear()
+            self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
+                             nn_module.register_module_forward_hook(self._on_post, always_call=True)]
+        elif not on:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def intercept(self, on: bool) -> None:
         """Push or pop the dispatch mode (ops cost nothing extra while it is off)."""
@@ -249,7 +315,9 @@ class Tracer:
             self._mode = _MODE_CLASS(self)
             self._mode.__enter__()
         elif not on and self._mode is not None:
-            if _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
+            if self._aside:                                   # popped for a backward pass: it stays out
+                self._mode = None
+            elif _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
                 self._mode.__exit__(None, None, None)
                 self._mode = None
             else:
@@ -258,9 +326,8 @@ class Tracer:
     def close(self) -> None:
         """Remove the hooks and the mode (idempotent)."""
         self.intercept(False)
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.modules(False)
+        _steps_aside_in_backward(self, False)
         self._stack.clear()
         self.forget_graph()
 
@@ -278,9 +345,7 @@ class Tracer:
         return self._stack[-1] if self._stack else OUTSIDE
 
     def _on_pre(self, module, args):
-        import torch
-
-        if torch.compiler.is_compiling():
+        if self._is_compiling():
             return
         name = self.names.get(module)
         if name is None:
@@ -292,15 +357,12 @@ class Tracer:
         self._stack.append(name)
 
     def _on_post(self, module, args, output):
-        import torch
-
-        if torch.compiler.is_compiling() or not self._stack:
+        if self._is_compiling() or not self._stack:
             return
         name = self._stack.pop()
         if getattr(self._busy, "on", False):
             return
-        with self.busy():
-            self.client.module_output(name, module, output)
+        self.client.module_output(name, module, output)
 
     # ------------------------------------------------------------------ ops
     def _hook_inputs(self, args) -> None:
@@ -310,37 +372,64 @@ class Tracer:
                 self._hook_inputs(a)
                 continue
             node = getattr(a, "grad_fn", None)
-            if node is None:
-                continue
-            sequence = node._sequence_nr()
-            site = self._nodes.get(sequence)
-            if site is not None and sequence not in self._hooked:
-                self._hooked.add(sequence)
-                node.register_prehook(self._gradient_prehook(site))
+            if node is not None:
+                self._hook_node(node)
 
-    def _gradient_prehook(self, site):
-        def on_grads(grads):
-            if getattr(self._busy, "on", False):
+    def _hook_node(self, node):
+        """The tags of a node made by an observed op, pre-hooked now if it was not (None for other nodes)."""
+        sequence = node._sequence_nr()
+        tags = self._hooked.get(sequence)
+        if tags is None:
+            if sequence not in self._nodes:
                 return None
-            tensors = [g for g in grads if g is not None and g.is_floating_point()]
-            if tensors:
-                with self.busy():
-                    self.client.output_grad(site, tensors)
+            tags = self._hooked[sequence] = []
+            node.register_prehook(self._prehook)
+        return tags
+
+    def hook_output(self, tensor, tag) -> bool:
+        """Hand the gradient of `tensor` to client.tagged_grad(tag, grad) too, through its node's pre-hook.
+
+        False when `tensor` is not the output of an observed op (then nothing is hooked).
+        """
+        node = tensor.grad_fn
+        tags = self._hook_node(node) if node is not None else None
+        if tags is None:
+            return False
+        tags.append((tensor.output_nr, tag))
+        return True
+
+    def _on_node_grads(self, grads):
+        """The pre-hook of every node hooked (one function for all: the node is the one running)."""
+        node = self._current_node()
+        if node is None or getattr(self._busy, "on", False):
             return None
-        return on_grads
+        sequence = node._sequence_nr()
+        site, tags = self._nodes.get(sequence), self._hooked.get(sequence, ())
+        tensors = [g for g in grads if g is not None and g.is_floating_point()]
+        if tensors and site is not None:
+            self.client.output_grad(site, tensors)
+        for index, tag in tags:
+            grad = grads[index]
+            if grad is not None and grad.is_floating_point():
+                self.client.tagged_grad(tag, grad)
+        return None
 
     def _on_op(self, func, out, args=()):
-        import torch
-
-        if getattr(self._busy, "on", False) or _skipped(func):
+        op = _OP_NAMES.get(func, False)
+        if op is False:
+            op = _OP_NAMES[func] = _op_name(func)
+        if op is None or getattr(self._busy, "on", False):
             return out
-        outputs = _float_outputs(out)
+        outputs = _float_outputs(out, self._tensor)
         if not outputs:
             return out
-        node = torch._C._current_autograd_node()
+        node = self._current_node()
         if node is None:
-            site = Site(self.current_module(), func._schema.name.split("::")[-1])
-            sequence = torch._C._autograd._get_sequence_nr()
+            module = self._stack[-1] if self._stack else OUTSIDE
+            site = self._sites.get((module, op))
+            if site is None:
+                site = self._sites[(module, op)] = Site(module, op)
+            sequence = self._next_sequence()
             if sequence != self._last_sequence:      # this op made an autograd node: remember it
                 self._last_sequence = sequence
                 if len(self._nodes) >= MAX_NODES:
@@ -350,7 +439,7 @@ class Tracer:
                 self._hook_inputs(args)
             handler = self.client.forward_op
         else:
-            site = self._nodes.get(node._sequence_nr())
+            site = self._nodes.get(node._sequence_nr()) if self._backward_wanted else None
             if site is None:                          # a node no observed forward op made (compiled code)
                 return out
             handler = self.client.backward_op
@@ -360,6 +449,55 @@ class Tracer:
         finally:
             self._busy.on = False
         return out if new is None else _replace(out, outputs, new)
+
+
+_BACKWARD_ASIDE: list = []
+"""Attached tracers whose mode steps aside while autograd's engine runs."""
+_ENGINE_RUN_BACKWARD: list = []
+"""torch.autograd's own _engine_run_backward (kept once it has been wrapped)."""
+
+
+def _steps_aside_in_backward(tracer, on: bool) -> None:
+    """Enlist or release a tracer; the engine call is wrapped while any tracer is enlisted.
+
+    Without torch.autograd._engine_run_backward (an internal name), backward ops
+    pass through the mode and are dropped there: slower, the same counts.
+    """
+    import torch.autograd
+
+    if on and tracer not in _BACKWARD_ASIDE:
+        engine = getattr(torch.autograd, "_engine_run_backward", None)
+        if not _BACKWARD_ASIDE and engine is not None and engine is not _run_backward_aside:
+            _ENGINE_RUN_BACKWARD[:] = [engine]
+            torch.autograd._engine_run_backward = _run_backward_aside
+        _BACKWARD_ASIDE.append(tracer)
+    elif not on and tracer in _BACKWARD_ASIDE:
+        _BACKWARD_ASIDE.remove(tracer)
+        if not _BACKWARD_ASIDE and getattr(torch.autograd, "_engine_run_backward", None) is _run_backward_aside:
+            torch.autograd._engine_run_backward = _ENGINE_RUN_BACKWARD[0]
+
+
+def _run_backward_aside(*args, **kwargs):
+    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    popped = []
+    for tracer in reversed(_BACKWARD_ASIDE):
+        mode = tracer._mode
+        if mode is None:
+            continue
+        if _get_current_dispatch_mode() is not mode:
+            break
+        mode.__exit__(None, None, None)
+        tracer._aside = True
+        popped.append((tracer, mode))
+    try:
+        return _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
+    finally:
+        for tracer, mode in reversed(popped):
+            tracer._aside = False
+            if tracer._mode is mode:       # not switched off meanwhile
+                mode.__enter__()
 
 
 class _Busy:

@@ -1,26 +1,37 @@
-"""Exact log2-magnitude histograms: counted on the tensor's device, read as numpy.
+"""Exact log2-magnitude histograms: counted in one pass per tensor, read as numpy.
 
-Counting (`Log2Counter.count`) reads the bits of each float32 value: the
-8-bit exponent field F and whether the 23 mantissa bits are all zero. So bin
-e holds the values with 2^e <= |x| < 2^(e+1) exactly (no log2 rounding), and
-inside each bin the exact powers of two (|x| == 2^e) are counted apart: they
-are the values that tie when a format's rounding-to-zero threshold
-(min_subnormal / 2) is a power of two, which it always is. Zeros, +Inf, -Inf
-and NaN get their own counts. A handful of elementwise integer passes and one
-bincount, no host synchronisation (on CUDA the counts go through index_add_,
-because bincount reads the maximum back to the host).
+Counting (`Log2Counter.count`) reads the bits of each value: the float32
+exponent field F of its exact float32 widening and whether the mantissa bits
+are all zero. So bin e holds the values with 2^e <= |x| < 2^(e+1) exactly (no
+log2 rounding), and inside each bin the exact powers of two (|x| == 2^e) are
+counted apart: they are the values that tie when a format's rounding-to-zero
+threshold (min_subnormal / 2) is a power of two, which it always is. Zeros,
++Inf, -Inf and NaN get their own counts.
+
+Two engines give the same counts, bit for bit (the tests hold them to each
+other and to an independent numpy count):
+- the compiled kernel (fpsim/_fasthist.c) for float32, float16 and bfloat16
+  tensors on the CPU: one pass over the tensor's own bits (no widening copy),
+  counts, amax and (on request) the mass per binade together;
+- torch operations on the tensor's device for everything else (CUDA, float64,
+  tensor subclasses, or no compiler at install): a handful of elementwise
+  integer passes and one bincount, no host synchronisation (on CUDA the
+  counts go through index_add_, because bincount reads the maximum back).
 
 Float32 subnormals (nonzero |x| < 2^-126) are counted exactly but not split
 into binades: that would cost a second pass over every tensor, and such
 values lie below every fp16/fp8 threshold. Fractions treat them
-conservatively (see `Log2Histogram.underflow`). float16 and bfloat16 tensors
-are widened to float32 first (exact); float64 tensors are counted from their
-own bits, with magnitudes below 2^-126 joining the same `tiny` count and
-finite magnitudes of 2^128 or more counted as `huge`.
+conservatively (see `Log2Histogram.underflow`). float64 tensors are counted
+from their own bits, with magnitudes below 2^-126 joining the same `tiny`
+count and finite magnitudes of 2^128 or more counted as `huge`.
 
-The device layout (RAW_SIZE int64 counters) is
+The raw layout (RAW_SIZE int64 counters) is
 ``index = (sign << 9 | F << 1 | mantissa_nonzero)`` for the 1024 float32
-classes, then two `huge` counters (+, -) used only by float64 input.
+classes, then two `huge` counters (+, -) used only by float64 input. The mass
+layout (MASS_SIZE float64) is the sum of |x| per exponent field F (0: the
+tiny values; 255: the float64 values of 2^128 and more), then the sum of x^2
+per F; Inf and NaN carry no mass. It gives the share of a tensor's L1 and L2
+norm below or above any power of two (what a format flushes or clips).
 """
 
 from __future__ import annotations
@@ -30,17 +41,36 @@ import threading
 
 import numpy as np
 
+try:
+    from .. import _fasthist
+except ImportError:  # built without a compiler: torch operations count everything
+    _fasthist = None
+
 E_LO = -126
 """Lowest binade with its own bin: float32's smallest normal exponent."""
 E_HI = 127
 """Highest binade of float32."""
 N_BINS = E_HI - E_LO + 1
 RAW_SIZE = 1026
+MASS_SIZE = 512
 TINY_LOG2_RANGE = (-149, -126)
 """The magnitudes [2^-149, 2^-126) of float32 subnormals, counted together as `tiny`."""
 
 _F32_MANTISSA = 0x7FFFFF
 _F64_MANTISSA = (1 << 52) - 1
+
+
+def kernel_available() -> bool:
+    """Whether the compiled counting kernel was built."""
+    return _fasthist is not None
+
+
+def dense_counts(pairs: bytes) -> np.ndarray:
+    """The kernel's compact counts (int64 (class, count) pairs) as int64[RAW_SIZE]."""
+    packed = np.frombuffer(pairs, dtype=np.int64).reshape(-1, 2)
+    counts = np.zeros(RAW_SIZE, dtype=np.int64)
+    counts[packed[:, 0]] = packed[:, 1]
+    return counts
 
 
 def _index_f32(flat, scratch=None):
@@ -64,11 +94,24 @@ def _index_f32(flat, scratch=None):
 
 
 class Log2Counter:
-    """Counts tensors into the RAW_SIZE layout on their own device (constants cached per device)."""
+    """Counts tensors into the RAW_SIZE layout, with the compiled kernel where it applies (see the module doc).
 
-    def __init__(self):
+    kernel: use the compiled kernel for CPU tensors (default: when it was built);
+    False counts everything with torch operations (the reference the tests hold
+    the kernel to).
+    """
+
+    def __init__(self, kernel: bool | None = None):
+        import torch
+
+        if kernel and _fasthist is None:
+            raise ValueError("kernel=True, but fpsim's counting kernel was not built (no C compiler at install)")
+        self.kernel = _fasthist is not None if kernel is None else bool(kernel)
         self._f64_maps = {}
         self._local = threading.local()  # per-thread scratch buffers (hooks may run in autograd threads)
+        self._plain = (torch.Tensor, torch.nn.Parameter)   # what on_host checks, at hand (it runs per tensor)
+        self._strided = torch.strided
+        self._kinds = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
     def _scratch(self, n: int):
         import torch
@@ -79,25 +122,65 @@ class Log2Counter:
             self._local.buffers = buffers
         return buffers
 
-    def count(self, x):
-        """(counts int64[RAW_SIZE], min, max) of a floating tensor; nothing read back to the host.
+    def on_host(self, x) -> bool:
+        """Whether the compiled kernel reads `x`: a plain contiguous float32/16/bf16 CPU tensor (numpy counts
+        and a float amax from `count`, compact pairs from `count_pairs`)."""
+        return (self.kernel and x.__class__ in self._plain and x.is_cpu and x.dtype in self._kinds
+                and x.layout is self._strided and x.is_contiguous() and not x.is_neg())
 
-        max(high, -low) is the tensor's amax: NaN when it holds a NaN, Inf when it holds an Inf.
+    def count_pairs(self, x, mass=None):
+        """(amax, pairs) of a tensor `on_host` accepts: the kernel's compact counts (see dense_counts); its mass
+        per binade added to `mass` (float64[MASS_SIZE]) when given."""
+        if mass is None:
+            return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype])
+        return _fasthist.count(x.data_ptr(), x.numel(), self._kinds[x.dtype], mass)
+
+    def count(self, x, mass: bool = False):
+        """(counts, amax) of a floating tensor, or (counts, amax, mass) with `mass`; nothing read back to the host.
+
+        counts: int64[RAW_SIZE]; amax: the largest magnitude, NaN when the tensor
+        holds a NaN, Inf when it holds an Inf; mass: float64[MASS_SIZE]. From the
+        kernel (see `on_host`) they are numpy arrays and a float (already on the
+        host); otherwise torch tensors on the tensor's device.
         """
+        if self.on_host(x):
+            return self._count_on_host(x, mass)
+        return self._count_on_device(x, mass)
+
+    def _count_on_host(self, x, mass: bool):
+        if not mass:
+            amax, pairs = self.count_pairs(x)
+            return dense_counts(pairs), amax
+        masses = np.zeros(MASS_SIZE, dtype=np.float64)
+        amax, pairs = self.count_pairs(x, masses)
+        return dense_counts(pairs), amax, masses
+
+    def _count_on_device(self, x, mass: bool):
         import torch
 
         flat = x.reshape(-1)
         if flat.dtype == torch.float64:
-            counts = self._bincount(self._index_f64(flat), 8192)
-            counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=counts.device).index_add_(
-                0, self._f64_map(counts.device), counts)
+            raw = self._bincount(self._index_f64(flat), 8192)
+            counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=raw.device).index_add_(
+                0, self._f64_map(raw.device), raw)
+            field = ((flat.view(torch.int64) >> 52) & 0x7FF) - 896   # float32 exponent field of the value
         else:
             if flat.dtype != torch.float32:
                 flat = flat.float()
             scratch = self._scratch(flat.numel()) if flat.device.type == "cpu" else None
             counts = self._bincount(_index_f32(flat, scratch), RAW_SIZE)
+            field = (flat.view(torch.int32) >> 23) & 0xFF
         low, high = torch.aminmax(flat)
-        return counts, low, high
+        amax = torch.maximum(high, -low)
+        if not mass:
+            return counts, amax
+        finite = torch.isfinite(flat)
+        field = field.clamp(0, 255).long()
+        magnitude = torch.where(finite, flat.abs().double(), 0.0)
+        masses = torch.zeros(MASS_SIZE, dtype=torch.float64, device=flat.device)
+        masses[:256].index_add_(0, field, magnitude)
+        masses[256:].index_add_(0, field, magnitude * magnitude)
+        return counts, amax, masses
 
     @staticmethod
     def _bincount(idx, size: int):

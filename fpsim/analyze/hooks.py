@@ -13,9 +13,14 @@ the optimizer used (`optimizer_grad`) and the change it made (`update`).
 Under a GradScaler, backward tensors are divided by the scale they carry, so
 an AMP run is judged as the same model in FP32.
 
-Hooks never modify a tensor, never read a value back to the host, and never
-raise into the run: the first error is reported with warnings.warn,
+Hooks never modify a tensor, never read a value back from a device, and
+never raise into the run: the first error is reported with warnings.warn,
 observation stops while training (and step counting) goes on.
+
+Steps that are not observed (every=N) cost nothing measurable: between
+observed steps the dispatch mode, the module hooks and the parameter hooks
+are all removed; one global forward pre-hook, removed when it first fires,
+tells that a forward pass ran, and the optimizer hooks count the steps.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import time
 import warnings
 import weakref
 
-from ..trace import OUTSIDE, ModuleNames, Tracer, unwrap
-from .histogram import Log2Counter
+import numpy as np
+
+from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
+from .histogram import MASS_SIZE, Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .signals import Terminated, deferred_signals
@@ -41,6 +48,9 @@ every module."""
 REPLICATED_KINDS = ("weight", "optimizer_grad", "update")
 """Identical on every rank under DDP: taken from rank 0, not summed."""
 LOW_PRECISION = ("torch.float16", "torch.bfloat16")
+COUNTED_CACHE = 256
+"""Counts of this many recent tensors are kept, so that a tensor seen again (an op output that is also its
+module's output, a gradient reaching two hooks) is added again without a second pass."""
 
 
 class StopRun(BaseException):
@@ -110,14 +120,15 @@ class Watcher:
         self._counter = Log2Counter()
         self.names = ModuleNames()
         self._tracer = Tracer(self, self.names)
-        self._recorded = weakref.WeakKeyDictionary()   # module -> record name, or None when not recorded
+        self._recorded = IdentityMap()                  # module -> record name, or None when not recorded
         self._types: dict = {}                          # record name -> module class name, or "op"
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
+        self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
-        self._counted = WeakIdKeyDictionary()           # tensor -> its counts this step (no double counting)
-        self._dtypes: dict = {}                         # record name -> {dtype: tensors}
+        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax, mass)
+        self._dtypes: dict = {}                         # record name -> {torch dtype: tensors}
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
         self._snapshots: dict = {}
@@ -132,6 +143,8 @@ class Watcher:
         self._stepped_since_update = False
         self._active = False
         self._attached = False
+        self._awake = False                              # the hooks of an observed step are in place
+        self._forward_hook = None                        # the one-shot forward pre-hook of unobserved steps
         self.status = "running"
         self.error = None
         self.observation_error = None
@@ -199,7 +212,9 @@ class Watcher:
                     continue
                 self._param_owner[p] = name
                 if "weight_grad" in self.kinds and p.requires_grad:
-                    self._param_handles.append(p.register_hook(self._param_grad_hook(name)))
+                    self._grad_params.append((weakref.ref(p), name))
+                    if self._awake:
+                        self._param_handles.append(p.register_hook(self._param_grad_hook(name)))
 
     # --------------------------------------------------------- attach/detach
     def attach(self) -> "Watcher":
@@ -223,23 +238,56 @@ class Watcher:
                                   optim_module.register_optimizer_step_post_hook(self._on_step_post)]
             self._scalers = ScalerWatch(self)
             self._active = True
-            self._tracer.intercept(self.ops)
+            self._wake(True)
         except BaseException:
             self.close()
             raise
         return self
 
+    def _wake(self, on: bool) -> None:
+        """Put the hooks of an observed step in place (on), or take them all away until the next one."""
+        import torch.nn.modules.module as nn_module
+
+        self._awake = on
+        self._tracer.modules(on)
+        self._tracer.intercept(on and self.ops)
+        if on:
+            self._drop_forward_hook()
+            if not self._param_handles:
+                for ref, name in self._grad_params:
+                    p = ref()
+                    if p is not None:
+                        self._param_handles.append(p.register_hook(self._param_grad_hook(name)))
+        else:
+            for handle in self._param_handles:
+                handle.remove()
+            self._param_handles = []
+            if self._forward_hook is None and self._active:
+                self._forward_hook = nn_module.register_module_forward_pre_hook(self._on_first_forward)
+
+    def _on_first_forward(self, module, args):
+        """An unobserved step's first module call: a forward pass ran (the step may end)."""
+        self._forward_since_step = True
+        self._drop_forward_hook()
+
+    def _drop_forward_hook(self) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
     def close(self) -> None:
         """Detach every hook and the op interception (idempotent); the counts stay for report()."""
         self._active = False
+        self._wake(False)
+        self._drop_forward_hook()
         self._tracer.close()
-        for handle in self._handles + self._param_handles:
+        for handle in self._handles:
             handle.remove()
-        self._handles, self._param_handles = [], []
+        self._handles = []
         if self._scalers is not None:
             self._scalers.restore()
         self._snapshots.clear()
-        self._counted = type(self._counted)()
+        self._counted = {}
         if self.started is not None and self._attached:
             self.elapsed = time.perf_counter() - self.started
 
@@ -274,10 +322,8 @@ class Watcher:
         self.observation_error = f"{type(err).__name__}: {err}"
         warnings.warn(f"fpsim.watch: observation stopped after an error in its hook ({self.observation_error}); "
                       f"training continues unobserved", RuntimeWarning, stacklevel=3)
-        self._tracer.intercept(False)
-        for handle in self._param_handles:
-            handle.remove()
-        self._param_handles = []
+        self._wake(False)
+        self._drop_forward_hook()
         self._snapshots.clear()
 
     # ------------------------------------------------------- tracer client
@@ -294,15 +340,15 @@ class Watcher:
             name = site.name
             if name not in self._types:
                 self._types[name] = "op"
+            seen = self._dtypes.get(name)
+            if seen is None:
+                seen = self._dtypes[name] = {}
             for t in outputs:
                 self._count(name, "activation", t)
-                self._note_dtype(name, t)
+                seen[t.dtype] = seen.get(t.dtype, 0) + 1
         except Exception as err:
             self._fail(err)
         return None
-
-    def backward_op(self, site, outputs):
-        return None                               # gradients are counted at the outputs they belong to
 
     def output_grad(self, site, grads):
         if not self._active or not self._sampled or "activation_grad" not in self.kinds:
@@ -312,6 +358,14 @@ class Watcher:
                 self._count(site.name, "activation_grad", g, unscale=True)
         except Exception as err:
             self._fail(err)
+
+    def tagged_grad(self, record, grad):
+        """The gradient of a module output (tagged with its record by `module_output`)."""
+        if self._active and self._sampled:
+            try:
+                self._count(record, "activation_grad", grad, unscale=True)
+            except Exception as err:
+                self._fail(err)
 
     def module_output(self, name, module, output):
         if not self._active:
@@ -325,19 +379,19 @@ class Watcher:
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
-            self._note_autocast()
-            for t in _float_tensors(output):
+            if torch._C._is_any_autocast_enabled():
+                self._note_autocast()
+            tensors = (output,) if type(output) is torch.Tensor else _float_tensors(output)
+            for t in tensors:
+                if not t.is_floating_point():
+                    continue
                 if "activation" in self.kinds:
                     self._count(record, "activation", t)
-                if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None:
-                    t.register_hook(self._gradient_hook(record))   # dies with the tensor: never on a leaf
+                if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None \
+                        and not self._tracer.hook_output(t, record):    # an op's output: its node's pre-hook
+                    t.register_hook(self._gradient_hook(record))        # dies with the tensor: never on a leaf
         except Exception as err:
             self._fail(err)
-
-    def _note_dtype(self, name: str, t) -> None:
-        seen = self._dtypes.setdefault(name, {})
-        key = str(t.dtype)
-        seen[key] = seen.get(key, 0) + 1
 
     def _note_autocast(self) -> None:
         import torch
@@ -351,8 +405,7 @@ class Watcher:
         def on_gradient(grad):
             if self._active and self._sampled:
                 try:
-                    with self._tracer.busy():
-                        self._count(name, "activation_grad", grad, unscale=True)
+                    self._count(name, "activation_grad", grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient
@@ -361,8 +414,7 @@ class Watcher:
         def on_gradient(grad):
             if self._active and self._sampled:
                 try:
-                    with self._tracer.busy():
-                        self._count(name, "weight_grad", grad, unscale=True)
+                    self._count(name, "weight_grad", grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient
@@ -390,26 +442,46 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
-        if kwargs.get("closure") is None and not args:   # the step's own arithmetic is not the model's
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)   # args: (optimizer, ...)
+        if closure is None:                  # the step's own arithmetic is not the model's: no interception
             self._tracer.intercept(False)
         try:
             with self._tracer.busy():
                 groups = self._params_of(optimizer)
                 if not groups or not self._sampled:
                     return
+                if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
+                    self._count_weights_on_host(groups)
+                    return
                 for name, params in groups:
                     weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
                     if "weight" in self.kinds:
                         self._count(name, "weight", weights)
                     if "update" in self.kinds:
-                        self._snapshots[name] = weights
+                        self._snapshots[name] = (params, weights, 0)
         except Exception as err:
             self._fail(err)
+
+    def _count_weights_on_host(self, groups) -> None:
+        """One copy of every parameter (the updates' "before"), counted module by module by the kernel."""
+        import torch
+
+        flat = torch.cat([p.detach().reshape(-1) for _, params in groups for p in params])
+        address, offset = flat.data_ptr(), 0
+        for name, params in groups:
+            n = sum(p.numel() for p in params)
+            if "weight" in self.kinds and n:
+                mass = np.zeros(MASS_SIZE)
+                amax, pairs = _fasthist.count(address + 4 * offset, n, 0, mass)
+                self._store.add(self._store.row(name, "weight", flat), pairs, amax, self.step, mass=mass)
+            if "update" in self.kinds:
+                self._snapshots[name] = (params, flat, offset)
+            offset += n
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
         if self._active:
-            self._tracer.intercept(self.ops and self._sampled)
+            self._tracer.intercept(self.ops and self._awake)
         if not self._active:                     # observation stopped: steps still count (--steps holds)
             if self._attached and self.observation_error is not None:
                 self.step += 1
@@ -437,16 +509,43 @@ class Watcher:
         scaler = self._scaler() if self._scaler is not None else None
         scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
         for name, params in groups:
-            if "optimizer_grad" in self.kinds:   # per tensor: unchanged since backward, its counts are reused
-                for p in params:
-                    if p.grad is not None:
-                        self._count(name, "optimizer_grad", p.grad, unscale=scaled)
-            before = self._snapshots.pop(name, None)
-            if before is not None:
-                update = _flat(params) - before
-                row, counts = self._count(name, "update", update)
-                if counts is not None:
-                    self._store.add_lost(row, self._lost_updates(update, before, counts))
+            if "optimizer_grad" in self.kinds:
+                grads = [p.grad for p in params if p.grad is not None]
+                if not scaled and self._counter.kernel and grads and all(_plain_f32(g) for g in grads):
+                    mass = np.zeros(MASS_SIZE)
+                    amax, pairs = _fasthist.count_parts(tuple((g.data_ptr(), g.numel()) for g in grads), 0, mass)
+                    if pairs:
+                        self._store.add(self._store.row(name, "optimizer_grad", grads[0]), pairs, amax, self.step,
+                                        samples=len(grads), mass=mass)
+                else:
+                    for g in grads:
+                        self._count(name, "optimizer_grad", g, unscale=scaled)
+            snapshot = self._snapshots.pop(name, None)
+            if snapshot is None:
+                continue
+            params, before, offset = snapshot    # the parameters in the order they were copied
+            if self._counter.kernel and all(_plain_f32(p) for p in params) and _plain_f32(before):
+                self._count_updates_on_host(name, params, before, offset)
+                continue
+            now = _flat(params)
+            before = before.narrow(0, offset, now.numel())
+            update = now - before
+            row, counts = self._count(name, "update", update)
+            if counts is not None:
+                self._store.add_lost(row, self._lost_updates(update, before))
+
+    def _count_updates_on_host(self, name: str, params, before, offset: int) -> None:
+        """The updates (params now - before, in float32) and those lost per format, by the compiled kernel;
+        `before` holds the parameters' old values from `offset` on."""
+        parts = tuple((p.data_ptr(), p.numel()) for p in params)
+        if not sum(n for _, n in parts):
+            return
+        lost = np.zeros(len(self.limits), dtype=np.int64)
+        amax, pairs = _fasthist.updates(before.data_ptr() + 4 * offset, parts, self._lost_table(np.int32),
+                                        len(self.limits), lost)
+        row = self._store.row(name, "update", before)
+        self._store.add(row, pairs, amax, self.step)
+        self._store.add_lost(row, lost)
 
     def advance(self) -> None:
         """End the current step by hand (for loops without a torch.optim optimizer)."""
@@ -461,45 +560,67 @@ class Watcher:
             self.steps_observed += 1
         with self._tracer.busy():
             self._store.flush(self.step)
-        self._counted = type(self._counted)()
+        self._counted = {}
         self._tracer.forget_graph()
         self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0
         self._forward_since_step = False
         if self._active:
-            self._tracer.intercept(self.ops and self._sampled)
+            self._wake(self._sampled)
 
     # -------------------------------------------------------------- counting
     def _count(self, name: str, kind: str, tensor, unscale: bool = False):
-        """Queue a tensor's counts under (name, kind); (row, counts or None when empty).
+        """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty).
 
         unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
+        A tensor counted a moment ago and unchanged since (same object, same
+        version) is added again from its counts.
         """
+
+        row = self._store.row(name, kind, tensor)
+        key, version = id(tensor), tensor._version
+        cached = self._counted.get(key)
+        if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
+            counts, amax, mass = cached[3], cached[4], cached[5]
+        else:
+            counts, amax, mass = self._counts_of(tensor, unscale and self._inverse_scale is not None)
+            if counts is None:
+                return row, None
+            try:
+                self._counted[key] = (weakref.ref(tensor), version, unscale, counts, amax, mass)
+                if len(self._counted) > COUNTED_CACHE:
+                    del self._counted[next(iter(self._counted))]
+            except TypeError:   # a tensor type without weak references: not kept
+                pass
+        self._store.add(row, counts, amax, self.step, mass=None if kind == "update" else mass)
+        return row, counts
+
+    def _counts_of(self, tensor, unscale: bool):
+        """(counts, amax, mass) of a tensor, Nones when it is empty; unscale: divide by the GradScaler's scale."""
         import torch
 
-        row = self._store.row((name, kind), tensor.device)
-        cached = self._counted.get(tensor)
-        if cached is not None and cached[0] == (unscale, tensor._version):
-            _, counts, low, high = cached
-        else:
-            source = tensor
+        if not unscale and self._counter.on_host(tensor):   # the kernel reads the tensor as it is
+            mass = np.zeros(MASS_SIZE)
+            amax, pairs = self._counter.count_pairs(tensor, mass)
+            return (pairs, amax, mass) if pairs else (None, None, None)
+        with self._tracer.busy():
             tensor = tensor.detach()
             if tensor.layout != torch.strided:
                 tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
             if not tensor.numel():
-                return row, None
-            if unscale and self._inverse_scale is not None:
+                return None, None, None
+            if unscale:
                 tensor = tensor.float() * self._inverse_scale.to(tensor.device)
-            counts, low, high = self._counter.count(tensor)
-            try:
-                self._counted[source] = ((unscale, source._version), counts, low, high)
-            except TypeError:
-                pass
-        self._store.add(row, counts, low, high, self.step)
-        return row, counts
+            elif not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+            if self._counter.on_host(tensor):
+                mass = np.zeros(MASS_SIZE)
+                amax, pairs = self._counter.count_pairs(tensor, mass)
+                return pairs, amax, mass
+            return self._counter.count(tensor, mass=True)
 
-    def _lost_updates(self, update, before, update_counts):
+    def _lost_updates(self, update, before):
         """Per format: nonzero updates smaller than half an ulp of their weight (w + u rounds back to w).
 
         With binades b (2^b <= |x| < 2^(b+1)) the ulp of w in a format with m
@@ -518,25 +639,30 @@ class Watcher:
         # lost_f = sum over weight fields g of #{1 <= t <= last_f[g]}: a cumulative sum along t, then a gather
         cumulative = joint.cumsum(dim=1)
         lost = cumulative.gather(1, self._lost_columns(joint.device)).sum(dim=0) - cumulative[:, 0].sum()
-        tiny = update_counts[1] + update_counts[513]  # sign 0/1, exponent field 0, mantissa nonzero
+        tiny = (joint[:, 0].sum() - ((u & 0x7FFFFFFF) == 0).sum())   # exponent field 0 but not zero: subnormal
         return lost + tiny
 
-    def _lost_columns(self, device):
-        """(256, formats) int64: for weight field g, the largest update field t lost in each format
-        (0 when none: field 0, zero and subnormal updates, is taken apart)."""
-        key = str(device)
-        cached = self._lost_matrices.get(key)
+    def _lost_table(self, dtype=np.int64) -> np.ndarray:
+        """(256, formats): for weight field g, the largest update field t lost in each format (0 when none:
+        field 0, zero and subnormal updates, is taken apart)."""
+        cached = self._lost_matrices.get(dtype)
         if cached is None:
-            import numpy as np
-            import torch
-
             g = np.arange(256)[:, None]
             a = np.array([a for a, _ in self._lost_thresholds])[None, :]
             b = np.array([b for _, b in self._lost_thresholds])[None, :]
             last = np.clip(np.maximum(g, a) - b, 0, 254)        # fields 255 (Inf/NaN) are never lost
             last = np.where(g == 255, 0, last)                    # nor anything next to a non-finite weight
-            cached = torch.from_numpy(last.astype(np.int64)).to(device)
-            self._lost_matrices[key] = cached
+            cached = self._lost_matrices[dtype] = np.ascontiguousarray(last, dtype=dtype)
+        return cached
+
+    def _lost_columns(self, device):
+        """`_lost_table` as an int64 tensor on `device`."""
+        key = str(device)
+        cached = self._lost_matrices.get(key)
+        if cached is None:
+            import torch
+
+            cached = self._lost_matrices[key] = torch.from_numpy(self._lost_table()).to(device)
         return cached
 
     def _params_of(self, optimizer) -> list:
@@ -561,12 +687,16 @@ class Watcher:
     def precision(self) -> dict:
         """What the run computed in: autocast dtypes, ops per dtype, and what every real GradScaler did."""
         ops: dict = {}
-        for name, dtypes in self._dtypes.items():
+        for name, dtypes in self.dtypes().items():
             for dtype, n in dtypes.items():
                 ops[dtype.replace("torch.", "")] = ops.get(dtype.replace("torch.", ""), 0) + n
         scalers = [r.to_dict() for r in self._scalers.records.values()] if self._scalers is not None else []
         return {"autocast": dict(self.autocast), "op_outputs_by_dtype": ops, "grad_scalers": scalers,
                 "unscaled": bool(scalers)}
+
+    def dtypes(self) -> dict:
+        """{record name: {dtype name ('torch.float16'): tensors counted in it}}."""
+        return {name: {str(dtype): n for dtype, n in seen.items()} for name, seen in self._dtypes.items()}
 
     def notes(self) -> list:
         """What could not be observed, or needs saying, in words."""
@@ -619,7 +749,7 @@ class Watcher:
             "kinds": list(self.kinds), "ops": self.ops, "world_size": world, "seconds": round(elapsed, 3),
             "precision": self.precision(), "notes": self.notes(),
         }
-        dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self._dtypes.items()}
+        dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self.dtypes().items()}
         return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
                             tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden))
 
@@ -672,6 +802,14 @@ def _check_modules(spec):
     if bad_types:
         raise TypeError(f"modules holds {bad_types[0]!r}, which is not a torch.nn.Module type")
     return tuple(spec)
+
+
+def _plain_f32(t) -> bool:
+    """A plain, dense, contiguous float32 CPU tensor (what the compiled update counter reads)."""
+    import torch
+
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu"
+            and t.layout == torch.strided and t.is_contiguous() and not t.is_neg())
 
 
 def _flat(tensors, copy: bool = False):

@@ -19,6 +19,7 @@ import math
 import os
 import tempfile
 
+from .effect import Mass, tensor_effects
 from .gradscaler import simulate_gradscaler
 from .histogram import Log2Histogram
 from .store import NO_STEP
@@ -108,6 +109,8 @@ class Report:
         lo, hi = self.settings.scale_range
         tensors = {}
         for kind, t in sorted(layer.tensors.items(), key=lambda kv: KIND_ORDER.index(kv[0])):
+            by_scale = kind in GRADIENT_KINDS and not layer.is_op      # effects at every loss scale: modules' only
+            effect_by_scale = {"log2_scales": [lo, hi]}
             entry = {
                 "samples": t.samples, "values": t.hist.total, "nonzero": t.nonzero, "zeros": t.hist.zeros,
                 "pos_inf": t.hist.pos_inf, "neg_inf": t.hist.neg_inf, "nan": t.hist.nan,
@@ -125,10 +128,22 @@ class Report:
                     fe["window_log2"] = None if w is None else list(w)
                 if kind == "update":
                     fe["lost_updates"] = t.lost_update_fraction(lim)
+                scales = list(range(lo, hi + 1)) if by_scale and not lim.per_tensor_scaled else [0]
+                if lim.per_tensor_scaled and s is not None and s not in scales:
+                    scales.append(s)
+                effects = tensor_effects(t, lim, scales)
+                fe.update({key: values[scales.index(0)] for key, values in effects.items()})
+                if lim.per_tensor_scaled:
+                    fe["effect_at_tensor_scale"] = None if s is None else \
+                        {key: values[scales.index(s)] for key, values in effects.items()}
+                if len(scales) > 1 and not lim.per_tensor_scaled:     # loss scales apply to loss-scaled formats
+                    effect_by_scale[lim.name] = {key: values[:hi - lo + 1] for key, values in effects.items()}
                 entry["formats"][lim.name] = fe
             if kind in GRADIENT_KINDS:
                 entry["underflow_by_scale"] = {"log2_scales": [lo, hi], **{
                     lim.name: [t.underflow_fraction(lim, s) for s in range(lo, hi + 1)] for lim in self.limits}}
+            if by_scale:
+                entry["effect_by_scale"] = effect_by_scale
             tensors[kind] = entry
         verdicts = self.verdicts[layer.name]
         out = {"name": layer.name, "entry": "op" if layer.is_op else "module", "type": layer.type}
@@ -338,7 +353,7 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                and name.rpartition(":")[2] not in INTENDED_INF_OPS]
         stats = TensorStats(name, kind, Log2Histogram.from_raw(snapshot.raw[i]), float(snapshot.amax[i]),
                             None if first >= NO_STEP else first, int(snapshot.samples[i]), lost,
-                            min(low) if low else None)
+                            min(low) if low else None, None if kind == "update" else Mass.from_raw(snapshot.mass[i]))
         if name not in entries:
             entries[name] = Layer(name, types[name], {}, dict(dtypes.get(name, {})), list(tied.get(name, [])))
         entries[name].tensors[kind] = stats

@@ -1,22 +1,28 @@
-"""Device-side accumulators of an observed run, with bounded memory and no host synchronisation.
+"""Accumulators of an observed run, with bounded memory and no host synchronisation.
 
-Hooks hand each observed tensor's counts here (`add`); they wait in a short
-list and are folded into one table per quantity at the end of the step
-(`flush`): the log2 histograms (one row per (module, kind) record), the
-running amax, the first step that saw Inf or NaN, the per-format counts of
-updates a low-precision weight would lose, and the per-step amax of all
-gradients (a bounded array: when full, neighbouring steps merge by max and
-each entry then stands for twice as many steps). Everything stays on the
-device until `snapshot()`, the one place that reads back to the host.
+Hooks hand each observed tensor's counts here (`add`): the log2 histograms
+(one row per (module, kind) record), the mass per binade beside them (sum of
+|x| and of x^2, float64), the running amax, the first step that
+saw Inf or NaN, the per-format counts of updates a low-precision weight would
+lose, and the per-step amax of all gradients (a bounded array: when full,
+neighbouring steps merge by max and each entry then stands for twice as many
+steps). The tables are torch tensors on the device of the first tensor seen.
+
+Counts made on the host (the compiled kernel's compact pairs, for CPU
+tensors) are added to CPU tables at once, in place. Counts made on a device
+wait in a short list and are folded into the tables at the end of the step
+(`flush`), with a few torch operations and no host read; everything stays on
+the device until `snapshot()`, the one place that reads back to the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
-from .histogram import RAW_SIZE
+from .histogram import MASS_SIZE, RAW_SIZE, _fasthist, dense_counts
 
 NO_STEP = 2**62
 """first_nonfinite value of a record that never saw Inf or NaN."""
@@ -30,12 +36,20 @@ class Snapshot:
 
     keys: list
     raw: np.ndarray            # (R, RAW_SIZE) int64
+    mass: np.ndarray           # (R, MASS_SIZE) float64: sum |x| and sum x^2 per exponent field (histogram.py)
     amax: np.ndarray           # (R,) float32
     first_nonfinite: np.ndarray  # (R,) int64, NO_STEP when never
     samples: np.ndarray        # (R,) int64: tensors counted
     lost: np.ndarray           # (R, F) int64: updates lost per format (update records)
     step_amax: np.ndarray      # (S,) float32: gradient amax per entry, -inf where nothing was observed
     steps_per_entry: int
+
+
+def nan_max(a: float, b: float) -> float:
+    """max(a, b), NaN when either is NaN (as torch.maximum)."""
+    if a != a or b != b:
+        return math.nan
+    return a if a >= b else b
 
 
 class Store:
@@ -47,12 +61,17 @@ class Store:
         self.n_formats = n_formats
         self.step_capacity = step_capacity
         self.device = None
-        self.keys: list = []
-        self.index: dict = {}
+        self.keys: list = []               # (record name, kind) of each row
+        self.index: dict = {}              # kind -> {record name -> row}
         self.samples: list[int] = []
+        self._gradient: list[bool] = []    # per row: a gradient kind (feeds the per-step amax)
         self._pending: list = []
         self._pending_lost: list = []
+        self._pending_mass: list = []
         self._rows_cache: dict = {}
+        self._host = None                  # (addresses of the CPU tables, their rows) for the kernel; None elsewhere
+        self._host_mass = None             # the CPU mass table as numpy, added to in place; None elsewhere
+        self._step_gradient_amax = -math.inf  # the largest gradient amax added on the host this step
 
     # --------------------------------------------------------------- tables
     def _allocate(self, device) -> None:
@@ -60,25 +79,39 @@ class Store:
 
         self.device = device
         self.raw = torch.zeros((0, RAW_SIZE), dtype=torch.int64, device=device)
+        self.mass = torch.zeros((0, MASS_SIZE), dtype=torch.float64, device=device)
         self.amax = torch.zeros(0, dtype=torch.float32, device=device)
         self.first_nonfinite = torch.zeros(0, dtype=torch.int64, device=device)
         self.lost = torch.zeros((0, self.n_formats), dtype=torch.int64, device=device)
         self.step_amax = torch.full((self.step_capacity,), -torch.inf, dtype=torch.float32, device=device)
         self.steps_per_entry = 1
+        self._view()
 
-    def row(self, key, device) -> int:
-        """The row of a (record name, kind) record, created on first use (tables grow by doubling)."""
-        found = self.index.get(key)
+    def _view(self) -> None:
+        """Refresh what the kernel writes through (after any table was replaced)."""
+        if self.device is not None and self.device.type == "cpu" and _fasthist is not None:
+            self._host = (self.raw.data_ptr(), self.amax.data_ptr(), self.first_nonfinite.data_ptr(),
+                          self.raw.shape[0])
+        if self.device is not None and self.device.type == "cpu":
+            self._host_mass = self.mass.numpy()
+
+    def row(self, name: str, kind: str, tensor) -> int:
+        """The row of the (name, kind) record, created on first use on `tensor`'s device (tables grow by doubling)."""
+        rows = self.index.get(kind)
+        if rows is None:
+            rows = self.index[kind] = {}
+        found = rows.get(name)
         if found is not None:
             return found
         if self.device is None:
-            self._allocate(device)
+            self._allocate(tensor.device)
         row = len(self.keys)
         if row == self.raw.shape[0]:
             self._grow(max(16, 2 * row))
-        self.index[key] = row
-        self.keys.append(key)
+        rows[name] = row
+        self.keys.append((name, kind))
         self.samples.append(0)
+        self._gradient.append(kind in GRADIENT_KINDS)
         return row
 
     def _grow(self, rows: int) -> None:
@@ -90,21 +123,45 @@ class Store:
             return bigger
 
         self.raw = grown(self.raw, 0)
+        self.mass = grown(self.mass, 0.0)
         self.amax = grown(self.amax, 0.0)
         self.first_nonfinite = grown(self.first_nonfinite, NO_STEP)
         self.lost = grown(self.lost, 0)
+        self._view()
 
     # ------------------------------------------------------------- updates
-    def add(self, row: int, counts, low, high, step: int) -> None:
-        """Queue one tensor's counts and its min and max for `row` (folded in at the next flush)."""
-        self.samples[row] += 1
-        self._pending.append((row, counts, low, high))
-        if len(self._pending) >= MAX_PENDING:
-            self.flush(step)
+    def add(self, row: int, counts, amax, step: int, samples: int = 1, mass=None) -> None:
+        """Add one tensor's counts and amax (or those of `samples` tensors together) to `row`, as an observation
+        of `step`, and its mass (float64[MASS_SIZE], numpy or torch) when given.
+
+        counts: the kernel's pairs (bytes, with a float amax), added to CPU
+        tables at once; or int64[RAW_SIZE] (numpy or torch), folded in at the
+        next flush. Mass as numpy goes into CPU tables at once, else at the flush.
+        """
+        self.samples[row] += samples
+        if mass is not None:
+            if self._host_mass is not None and type(mass) is np.ndarray:
+                self._host_mass[row] += mass
+            else:
+                self._pending_mass.append((row, mass))
+        host = self._host
+        if host is None or type(counts) is not bytes:
+            if type(counts) is bytes:
+                counts = dense_counts(counts)
+            self._pending.append((row, counts, amax))
+            if len(self._pending) >= MAX_PENDING:
+                self.flush(step)
+            return
+        _fasthist.accumulate(host, row, counts, amax, step)
+        if self._gradient[row]:
+            self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
     def add_lost(self, row: int, lost) -> None:
-        """Queue per-format counts of lost updates (int64 [n_formats]) for an update record."""
-        self._pending_lost.append((row, lost))
+        """Add per-format counts of lost updates (int64 [n_formats], numpy or torch) for an update record."""
+        if self._host is not None and isinstance(lost, np.ndarray):
+            self.lost.numpy()[row] += lost
+        else:
+            self._pending_lost.append((row, lost))
 
     def _rows(self, rows: tuple):
         import torch
@@ -113,7 +170,7 @@ class Store:
         if cached is None:
             if len(self._rows_cache) > 64:
                 self._rows_cache.clear()
-            gradient = [self.keys[r][1] in GRADIENT_KINDS for r in rows]
+            gradient = [self._gradient[r] for r in rows]
             cached = (torch.tensor(rows, dtype=torch.int64, device=self.device),
                       torch.tensor(gradient, dtype=torch.bool, device=self.device))
             self._rows_cache[rows] = cached
@@ -123,13 +180,14 @@ class Store:
         """Fold everything queued into the tables, as observations of `step`."""
         import torch
 
+        if self._step_gradient_amax != -math.inf:
+            self._record_step_amax(step, torch.tensor(self._step_gradient_amax, dtype=torch.float32))
+            self._step_gradient_amax = -math.inf
         if self._pending:
-            rows = tuple(r for r, _, _, _ in self._pending)
+            rows = tuple(r for r, _, _ in self._pending)
             index, is_gradient = self._rows(rows)
-            counts = torch.stack([c.to(self.device) for _, c, _, _ in self._pending])
-            lows = torch.stack([v.to(self.device, torch.float32) for _, _, v, _ in self._pending])
-            highs = torch.stack([v.to(self.device, torch.float32) for _, _, _, v in self._pending])
-            amaxes = torch.maximum(highs, -lows)
+            counts = torch.stack([_tensor(c, self.device, torch.int64) for _, c, _ in self._pending])
+            amaxes = torch.stack([_tensor(v, self.device, torch.float32) for _, _, v in self._pending])
             self._pending = []
             self.raw.index_add_(0, index, counts)
             self.amax.scatter_reduce_(0, index, amaxes, reduce="amax")
@@ -140,9 +198,15 @@ class Store:
         if self._pending_lost:
             rows = tuple(r for r, _ in self._pending_lost)
             index, _ = self._rows(rows)
-            lost = torch.stack([v.to(self.device) for _, v in self._pending_lost])
+            lost = torch.stack([_tensor(v, self.device, torch.int64) for _, v in self._pending_lost])
             self._pending_lost = []
             self.lost.index_add_(0, index, lost)
+        if self._pending_mass:
+            rows = tuple(r for r, _ in self._pending_mass)
+            index, _ = self._rows(rows)
+            mass = torch.stack([_tensor(v, self.device, torch.float64) for _, v in self._pending_mass])
+            self._pending_mass = []
+            self.mass.index_add_(0, index, mass)
 
     def _record_step_amax(self, step: int, value) -> None:
         import torch
@@ -152,7 +216,7 @@ class Store:
             self.step_amax = torch.cat([merged, torch.full_like(merged, -torch.inf)])
             self.steps_per_entry *= 2
         i = step // self.steps_per_entry
-        self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value)
+        self.step_amax[i:i + 1] = torch.maximum(self.step_amax[i:i + 1], value.to(self.device))
 
     # ------------------------------------------------------------ reading
     def snapshot(self, reduce_across_ranks: bool = False, replicated_kinds=()) -> Snapshot:
@@ -165,11 +229,12 @@ class Store:
         if reduce_across_ranks:
             return self._reduced_snapshot(replicated_kinds)
         if self.device is None:
-            return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros(0, np.float32),
+            return Snapshot([], np.zeros((0, RAW_SIZE), np.int64), np.zeros((0, MASS_SIZE)), np.zeros(0, np.float32),
                             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, self.n_formats), np.int64),
                             np.zeros(0, np.float32), 1)
         n = len(self.keys)
-        return Snapshot(list(self.keys), self.raw[:n].cpu().numpy().copy(), self.amax[:n].cpu().numpy().copy(),
+        return Snapshot(list(self.keys), self.raw[:n].cpu().numpy().copy(), self.mass[:n].cpu().numpy().copy(),
+                        self.amax[:n].cpu().numpy().copy(),
                         self.first_nonfinite[:n].cpu().numpy().copy(), np.array(self.samples, dtype=np.int64),
                         self.lost[:n].cpu().numpy().copy(), self.step_amax.cpu().numpy().copy(),
                         self.steps_per_entry)
@@ -199,16 +264,20 @@ class Store:
             return out
 
         raw = aligned(local.raw, 0, (RAW_SIZE,))
+        mass = aligned(local.mass, 0.0, (MASS_SIZE,))
         samples = aligned(local.samples, 0)
         lost = aligned(local.lost, 0, (F,))
         replicated = np.array([k[1] in replicated_kinds for k in keys], dtype=bool)
         if rank != 0:
             raw[replicated] = 0
+            mass[replicated] = 0.0
             samples[replicated] = 0
             lost[replicated] = 0
         step_amax = _restride(local.step_amax, local.steps_per_entry, stride)
         sums = torch.from_numpy(np.concatenate([raw.ravel(), samples, lost.ravel()])).to(device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        mass_sums = torch.from_numpy(mass.ravel()).to(device)
+        dist.all_reduce(mass_sums, op=dist.ReduceOp.SUM)
         maxima = torch.from_numpy(np.concatenate([aligned(local.amax, 0.0), step_amax]).astype(np.float32)).to(device)
         # a NaN amax (the run diverged) must survive the MAX whatever the backend does with NaN
         nan_flags = torch.isnan(maxima).to(torch.int32)
@@ -224,6 +293,7 @@ class Store:
         return Snapshot(
             [tuple(k) for k in keys],
             sums[:n_raw].reshape(R, RAW_SIZE),
+            mass_sums.cpu().numpy().reshape(R, MASS_SIZE),
             maxima[:R],
             minima.cpu().numpy(),
             sums[n_raw:n_raw + R],
@@ -240,3 +310,12 @@ def _restride(step_amax: np.ndarray, stride: int, target: int) -> np.ndarray:
         return step_amax
     merged = step_amax.reshape(-1, factor).max(axis=1)
     return np.concatenate([merged, np.full(len(step_amax) - len(merged), -np.inf, dtype=step_amax.dtype)])
+
+
+def _tensor(value, device, dtype):
+    """A queued count or amax (torch tensor, numpy array or float) as a tensor on the store's device."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype)
+    return torch.as_tensor(value, dtype=dtype).to(device)

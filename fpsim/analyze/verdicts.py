@@ -73,6 +73,8 @@ class TensorStats:
     inf_overflow_threshold: float | None = None
     """When the values were produced in a low-precision dtype (autocast), that dtype's overflow threshold:
     an Inf among them is an overflow of every format whose threshold is not above it."""
+    mass: object = None
+    """The mass per binade (effect.Mass: sum |x|, sum x^2), None where none was kept (updates)."""
 
     @property
     def nonzero(self) -> int:

@@ -27,9 +27,10 @@ def numpy_count(values: np.ndarray) -> dict:
     }
 
 
-def observed(tensor) -> Log2Histogram:
-    counts, low, high = Log2Counter().count(tensor)
-    return Log2Histogram.from_raw(counts.numpy())
+def observed(tensor, kernel=None) -> Log2Histogram:
+    """The histogram Log2Counter makes of `tensor` (kernel=False: with torch operations only)."""
+    counts, _ = Log2Counter(kernel=kernel).count(tensor)
+    return Log2Histogram.from_raw(np.asarray(counts))
 
 
 def assert_same(hist: Log2Histogram, expected: dict) -> None:

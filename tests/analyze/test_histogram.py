@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fpsim
-from fpsim.analyze.histogram import Log2Counter, Log2Histogram
+from fpsim.analyze.histogram import Log2Counter, Log2Histogram, kernel_available
 from fpsim.analyze.limits import FormatLimits
 
 from analyze_helpers import assert_same, numpy_count, observed
@@ -57,10 +57,10 @@ def test_float64_counts_keep_huge_and_tiny_apart():
 
 def test_amax_is_exact_and_propagates_nan():
     counter = Log2Counter()
-    _, low, high = counter.count(torch.tensor([-3.5, 2.0, 1e-30]))
-    assert max(high.item(), -low.item()) == 3.5
-    _, low, high = counter.count(torch.tensor([1.0, float("nan")]))
-    assert math.isnan(max(high.item(), -low.item())) or math.isnan(high.item())
+    _, amax = counter.count(torch.tensor([-3.5, 2.0, 1e-30]))
+    assert float(amax) == 3.5
+    _, amax = counter.count(torch.tensor([1.0, float("nan")]))
+    assert math.isnan(float(amax))
 
 
 def test_json_round_trip():
@@ -116,3 +116,55 @@ def test_tiny_values_count_as_underflow_unless_all_survive():
     assert hist.tiny == 2
     assert hist.underflow(lim, 0) == 2           # conservative: some of them would survive in bf16
     assert hist.underflow(lim, 20) == 0          # 2^-149 * 2^20 > 2^-134: all survive
+
+
+# ------------------------------------------- the compiled kernel against the torch path and numpy
+def values_without_powers_of_two(n: int, seed: int) -> np.ndarray:
+    """float32 values with no exact power of two and no Inf (the kernel's two-pass path), zeros of both signs,
+    NaN and subnormals included."""
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-140, 120, size=n))).astype(np.float32)
+    bits = values.view(np.uint32)
+    bits |= (bits & 0x7FFFFF == 0) & (bits & 0x7F800000 != 0x7F800000)   # a nonzero mantissa everywhere
+    specials = np.array([0.0, -0.0, -0.0, np.nan, 3 * 2.0**-149, -(5 * 2.0**-140), 1.5, -1.5 * 2.0**127],
+                        dtype=np.float32)
+    out = np.concatenate([values, specials])
+    assert not np.any((out.view(np.uint32) & 0x7FFFFF == 0) & (out != 0) & ~np.isnan(out))
+    return out
+
+
+@pytest.mark.skipif(not kernel_available(), reason="the compiled kernel was not built")
+@pytest.mark.parametrize("n", [100, 4095, 4096, 50_003])
+def test_kernel_two_pass_path_matches_numpy_and_torch(n):
+    values = values_without_powers_of_two(n, n)
+    for array in (values, np.concatenate([values, [np.float32(np.inf)]]), values[::-1].copy()):
+        t = torch.from_numpy(array)
+        expected = numpy_count(array)
+        assert_same(observed(t, kernel=True), expected)
+        assert_same(observed(t, kernel=False), expected)
+
+
+def numpy_mass(values: np.ndarray) -> np.ndarray:
+    """Sum of |x| and of x^2 per float32 exponent field of each finite value, in float64 (numpy alone)."""
+    v = np.asarray(values, dtype=np.float32).ravel()
+    finite = np.isfinite(v)
+    field = (v.view(np.uint32) >> 23) & 0xFF
+    magnitude = np.abs(v[finite]).astype(np.float64)
+    mass = np.zeros(512)
+    np.add.at(mass, field[finite], magnitude)
+    np.add.at(mass, 256 + field[finite], magnitude**2)
+    return mass
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mass_per_binade_matches_numpy(kernel, dtype):
+    if kernel and not kernel_available():
+        pytest.skip("the compiled kernel was not built")
+    values = awkward_values(20_000, 5)
+    t = torch.from_numpy(values).to(dtype)
+    widened = t.float().numpy()
+    counts, amax, mass = Log2Counter(kernel=kernel).count(t, mass=True)
+    assert_same(Log2Histogram.from_raw(np.asarray(counts)), numpy_count(widened))
+    np.testing.assert_allclose(np.asarray(mass), numpy_mass(widened), rtol=1e-12, atol=0)
+    assert math.isnan(float(amax))   # awkward_values holds a NaN

@@ -232,3 +232,31 @@ def test_lost_updates_match_an_independent_count(data):
         assert agree > 0.97, (name, agree)
     assert stats.lost_update_fraction(fpsim.analyze.FormatLimits.of("bf16")) > \
         stats.lost_update_fraction(fpsim.analyze.FormatLimits.of("fp16"))
+
+
+def test_without_the_compiled_kernel_the_counts_and_mass_are_the_same(data, monkeypatch):
+    """The torch path alone (as when no compiler was there at install) gives the same report."""
+    import fpsim.analyze.histogram as histogram
+    import fpsim.analyze.hooks as hooks
+    import fpsim.analyze.store as store
+
+    def observed_run():
+        model = small_model()
+        with watch(model, every=2) as w:
+            train(model, data, 4, batch=128)
+        return w.report()
+
+    with_kernel = observed_run()
+    for module in (histogram, hooks, store):
+        monkeypatch.setattr(module, "_fasthist", None)
+    without = observed_run()
+    assert [layer.name for layer in without.layers] == [layer.name for layer in with_kernel.layers]
+    for a, b in zip(with_kernel.layers, without.layers):
+        assert set(a.tensors) == set(b.tensors), a.name
+        for kind, t in a.tensors.items():
+            u = b.tensors[kind]
+            np.testing.assert_array_equal(t.hist.counts, u.hist.counts)
+            assert t.amax == u.amax and t.samples == u.samples, (a.name, kind)
+            if t.mass is not None:
+                np.testing.assert_allclose(t.mass.l2, u.mass.l2, rtol=1e-9)
+    assert without.to_dict()["layers"][0]["verdicts"] == with_kernel.to_dict()["layers"][0]["verdicts"]

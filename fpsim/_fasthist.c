@@ -1,0 +1,481 @@
+/* Compiled fast path of the analyzer's log2 histograms (fpsim/analyze/histogram.py): one pass over a
+ * float32, float16 or bfloat16 buffer, read as bits (no widening copy).
+ *
+ * A tensor's counts come back as "pairs": bytes holding int64 (class, count) for the classes it has
+ * (a tensor fills a few dozen of the 1026), class = sign << 9 | float32 exponent field << 1 | mantissa
+ * nonzero, of the value widened exactly to float32 (the raw layout of histogram.py).
+ *
+ * count(address, n, kind, mass=None) -> (amax, pairs): kind 0 float32, 1 float16, 2 bfloat16; amax is
+ *   the largest magnitude (NaN when a NaN is present). With `mass` (float64[512]) it also adds |x| to
+ *   mass[F] and x*x to mass[256 + F] for every finite value, F its float32 exponent field (0 for float32
+ *   subnormals).
+ * updates(before, parts, last, n_formats, lost) -> (amax, pairs): the float32 updates u = after - before
+ *   (as float32 subtraction gives them) of parameters laid end to end in `before`, parts being their
+ *   (address, n); adds to lost[f] (int64[n_formats]) the nonzero updates a weight stored in format f
+ *   would lose: exponent field of u in 1..last[g * n_formats + f] (int32[256 * n_formats]), g the
+ *   exponent field of the weight before, or u a float32 subnormal.
+ * count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their
+ *   (address, n); with `mass`, as count does.
+ * accumulate(tables, row, pairs, amax_value, step): tables = (raw, amax, first, rows), the addresses of
+ *   a store's tables (int64 [rows, 1026], float32 [rows], int64 [rows]) and their row count; adds
+ *   pairs to raw[row], raises amax[row] (NaN sticks) and, for a non-finite amax_value, lowers
+ *   first[row] to step.
+ *
+ * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
+ * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
+ * code of histogram.py is the reference; tests hold the two, and an independent numpy count, equal
+ * bit for bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2 };
+#define RAW_SIZE 1026
+#define MASS_SIZE 512
+#define LANES 4
+#define CHUNK (1 << 28) /* values per pass of the uint32 sub-histograms: no lane can overflow */
+#define NOGIL_FROM 65536
+#define ONE_LANE_BELOW 4096 /* fewer values: one lane, less to clear and fold */
+
+/* Class index of a float16 value (its exact float32 widening); the tables below are made from it. */
+static uint32_t f16_class(uint32_t b) {
+    uint32_t sign = (b >> 15) & 1u, e = (b >> 10) & 31u, m = b & 0x3ffu;
+    if (e == 31u) return sign << 9 | 255u << 1 | (m != 0);
+    if (e) return sign << 9 | (e + 112u) << 1 | (m != 0);
+    if (!m) return sign << 9;
+    uint32_t k = 0; /* subnormal: m * 2^-24 with 2^k <= m < 2^(k+1) */
+    while (m >> (k + 1)) k++;
+    return sign << 9 | (103u + k) << 1 | ((m & (m - 1)) != 0);
+}
+
+static double f16_scale[32]; /* the value of one unit of the significand, by float16 exponent field */
+
+static inline double f16_magnitude(uint32_t b) {
+    uint32_t e = (b >> 10) & 31u, m = b & 0x3ffu;
+    if (e == 31u) return m ? NAN : INFINITY;
+    return (double)(e ? 1024u + m : m) * f16_scale[e];
+}
+
+static inline float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct {
+    uint32_t h[LANES][1024];
+    uint64_t s1[LANES][256], s2[LANES][256]; /* per exponent field: sums of the significands and their squares */
+} lanes_t;
+
+#define MASS_CHUNK (1 << 16) /* values per fold of the significand sums: no lane's sum of squares can overflow */
+static double unit1[256], unit2[256]; /* the value of one significand unit (and its square) by exponent field */
+
+/* The mass of a float32 pattern U into lane LANE: |x| = significand * unit1[F], exactly, as integers. */
+#define MASS_ONE(LANE, U)                                                                          \
+    do {                                                                                           \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                                \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                                \
+        L->s1[LANE][f_] += s_;                                                                     \
+        L->s2[LANE][f_] += s_ * s_;                                                                \
+    } while (0)
+
+/* Class index of a float32 pattern (also of a bfloat16 pattern shifted up 16 bits). */
+#define F32_CLASS(u) ((((u) >> 22) & 0x3feu) | (((u) & 0x7fffffu) != 0))
+
+/* Class index of a float16 pattern, from two small tables (both looked up, one kept: no branch). */
+static inline uint32_t f16_class_fast(uint32_t b);
+#define F16_CLASS(b) f16_class_fast(b)
+
+static uint32_t f16_base[64];       /* sign << 9 | float32 exponent field << 1, by float16 sign and exponent */
+static uint32_t f16_subnormal[1024]; /* the class of a positive float16 of exponent field 0, by mantissa */
+
+static inline uint32_t f16_class_fast(uint32_t b) {
+    uint32_t normal = f16_base[b >> 10] | ((b & 0x3ffu) != 0);
+    uint32_t subnormal = (b >> 15) << 9 | f16_subnormal[b & 0x3ffu];
+    uint32_t keep_normal = 0u - (uint32_t)((b & 0x7c00u) != 0);
+    return (normal & keep_normal) | (subnormal & ~keep_normal);
+}
+
+static void init_tables(void) {
+    for (int e = 0; e < 31; e++) f16_scale[e] = ldexp(1.0, e ? e - 25 : -24);
+    for (uint32_t s = 0; s < 2; s++)
+        for (uint32_t e = 0; e < 32; e++) f16_base[s << 5 | e] = f16_class(s << 15 | e << 10) & ~1u;
+    for (uint32_t m = 0; m < 1024; m++) f16_subnormal[m] = f16_class(m);
+    for (int f = 0; f < 256; f++) {
+        unit1[f] = ldexp(1.0, (f ? f : 1) - 150);
+        unit2[f] = unit1[f] * unit1[f];
+    }
+}
+
+/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); BITS(i)
+   is value i as a float32 pattern (exact widening), CLASS(i) its class. */
+#define COUNT_LOOP(CLASS, BITS, WITH_MASS)                                            \
+    do {                                                                              \
+        Py_ssize_t i = 0;                                                             \
+        if (lanes == LANES) {                                                         \
+            uint32_t *h0 = L->h[0], *h1 = L->h[1], *h2 = L->h[2], *h3 = L->h[3];      \
+            for (; i + 4 <= n; i += 4) {                                              \
+                uint32_t c0 = CLASS(i), c1 = CLASS(i + 1), c2 = CLASS(i + 2), c3 = CLASS(i + 3); \
+                h0[c0]++;                                                             \
+                h1[c1]++;                                                             \
+                h2[c2]++;                                                             \
+                h3[c3]++;                                                             \
+                if (WITH_MASS) {                                                      \
+                    MASS_ONE(0, BITS(i));                                             \
+                    MASS_ONE(1, BITS(i + 1));                                         \
+                    MASS_ONE(2, BITS(i + 2));                                         \
+                    MASS_ONE(3, BITS(i + 3));                                         \
+                }                                                                     \
+            }                                                                         \
+        }                                                                             \
+        for (; i < n; i++) {                                                          \
+            int lane = (int)(i & (lanes - 1));                                        \
+            L->h[lane][CLASS(i)]++;                                                   \
+            if (WITH_MASS) MASS_ONE(lane, BITS(i));                                   \
+        }                                                                             \
+    } while (0)
+
+#define F32_AT(i) (src32[i])
+#define F32_CLASS_AT(i) F32_CLASS(src32[i])
+#define BF16_AT(i) ((uint32_t)src16[i] << 16)
+#define BF16_CLASS_AT(i) F32_CLASS((uint32_t)src16[i] << 16)
+#define F16_AT(i) f16_bits32(src16[i])
+#define F16_CLASS_AT(i) F16_CLASS((uint32_t)src16[i])
+
+/* A float16 pattern as the float32 pattern of the same value. */
+static inline uint32_t f16_bits32(uint32_t b) {
+    float f = (float)f16_magnitude(b & 0x7fffu);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u | (b & 0x8000u) << 16;
+}
+
+/* Counts of n values (n <= CHUNK) into the lanes; the largest magnitude bits (in the input's encoding). */
+static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_mass, int lanes, lanes_t *L) {
+    uint32_t top = 0;
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        if (with_mass) COUNT_LOOP(F32_CLASS_AT, F32_AT, 1);
+        else COUNT_LOOP(F32_CLASS_AT, F32_AT, 0);
+        return top;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t a = src16[i] & 0x7fffu;
+        top = a > top ? a : top;
+    }
+    if (kind == KIND_BF16) {
+        if (with_mass) COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 1);
+        else COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 0);
+    } else {
+        if (with_mass) COUNT_LOOP(F16_CLASS_AT, F16_AT, 1);
+        else COUNT_LOOP(F16_CLASS_AT, F16_AT, 0);
+    }
+    return top;
+}
+
+static double magnitude_of(uint32_t top, int kind) {
+    if (kind == KIND_F32) return (double)f32_of(top);
+    if (kind == KIND_BF16) return (double)f32_of(top << 16);
+    return f16_magnitude(top);
+}
+
+static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
+
+/* Adds the first `lanes` lanes into totals (and mass), and clears them. */
+static void fold(lanes_t *L, int lanes, int64_t *totals, double *mass) {
+    for (int lane = 0; lane < lanes; lane++) {
+        for (int c = 0; c < 1024; c++) totals[c] += L->h[lane][c];
+        memset(L->h[lane], 0, sizeof(L->h[lane]));
+        if (mass) { /* field 255: Inf and NaN, which carry no mass */
+            for (int f = 0; f < 255; f++)
+                if (L->s1[lane][f]) {
+                    mass[f] += (double)L->s1[lane][f] * unit1[f];
+                    mass[256 + f] += (double)L->s2[lane][f] * unit2[f];
+                }
+            memset(L->s1[lane], 0, sizeof(L->s1[lane]));
+            memset(L->s2[lane], 0, sizeof(L->s2[lane]));
+        }
+    }
+}
+
+/* The nonzero totals as pairs bytes. */
+static PyObject *pairs_of(const int64_t *totals) {
+    int64_t packed[2 * 1024];
+    Py_ssize_t k = 0;
+    for (int c = 0; c < 1024; c++)
+        if (totals[c]) {
+            packed[2 * k] = c;
+            packed[2 * k + 1] = totals[c];
+            k++;
+        }
+    return PyBytes_FromStringAndSize((const char *)packed, k * 16);
+}
+
+static int writable(Py_buffer *view, PyObject *obj, Py_ssize_t bytes, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return 0;
+    if (view->len < bytes) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must be a writable buffer of at least %zd bytes", what, bytes);
+        return 0;
+    }
+    return 1;
+}
+
+/* The common case of float32 data, in two passes. A pass that vectorises counts the zeros (by sign)
+   and the values whose mantissa is zero. When those are all zeros (no exact powers of two, no Inf),
+   every nonzero value's mantissa is nonzero, so its class follows from its top 10 bits (sign, exponent
+   field, first mantissa bit: one shift), which the second pass counts, with the amax; the zeros are then
+   moved out of the class of small values they share. Returns 0, having counted nothing, when there are
+   exact powers of two or Infs: the general loop counts those. */
+static int count_halves_f32(const uint32_t *src, Py_ssize_t n, int64_t *totals, uint32_t *top, lanes_t *L) {
+    uint32_t zeros = 0, negative_zeros = 0, mantissa_zero = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t u = src[i];
+        zeros += (u & 0x7fffffffu) == 0;
+        negative_zeros += u == 0x80000000u;
+        mantissa_zero += (u & 0x7fffffu) == 0;
+    }
+    if (mantissa_zero != zeros) return 0;
+    uint32_t *h0 = L->h[0], *h1 = L->h[1], *h2 = L->h[2], *h3 = L->h[3];
+    uint32_t t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32_t u0 = src[i], u1 = src[i + 1], u2 = src[i + 2], u3 = src[i + 3];
+        h0[u0 >> 22]++;
+        h1[u1 >> 22]++;
+        h2[u2 >> 22]++;
+        h3[u3 >> 22]++;
+        u0 &= 0x7fffffffu, u1 &= 0x7fffffffu, u2 &= 0x7fffffffu, u3 &= 0x7fffffffu;
+        t0 = u0 > t0 ? u0 : t0, t1 = u1 > t1 ? u1 : t1, t2 = u2 > t2 ? u2 : t2, t3 = u3 > t3 ? u3 : t3;
+    }
+    for (; i < n; i++) {
+        h0[src[i] >> 22]++;
+        uint32_t u = src[i] & 0x7fffffffu;
+        t0 = u > t0 ? u : t0;
+    }
+    for (int c = 0; c < 1024; c += 2) /* the two half binades c, c + 1 make class c + 1 */
+        for (int lane = 0; lane < LANES; lane++) totals[c + 1] += (int64_t)L->h[lane][c] + L->h[lane][c + 1];
+    memset(L->h, 0, sizeof(L->h));
+    totals[1] -= zeros - negative_zeros, totals[0] += zeros - negative_zeros;
+    totals[513] -= negative_zeros, totals[512] += negative_zeros;
+    t0 = t0 > t1 ? t0 : t1, t2 = t2 > t3 ? t2 : t3;
+    *top = t0 > t2 ? t0 : t2;
+    return 1;
+}
+
+/* Counts n values at `data` into totals (and mass); the largest magnitude bits. */
+static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *totals, double *mass) {
+    lanes_t lanes_here, *L = &lanes_here; /* on the stack: the GIL is released, calls may overlap */
+    int lanes = n < ONE_LANE_BELOW ? 1 : LANES;
+    uint32_t top = 0;
+    int release = n >= NOGIL_FROM;
+    PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+    Py_ssize_t chunk_size = mass ? MASS_CHUNK : CHUNK;
+    for (Py_ssize_t done = 0; done < n; done += chunk_size) {
+        Py_ssize_t part = n - done < chunk_size ? n - done : chunk_size;
+        const char *chunk = data + done * kind_size(kind);
+        uint32_t t;
+        if (lanes == LANES && !mass && kind == KIND_F32) {   /* (bfloat16 measured no faster this way) */
+            memset(L->h, 0, sizeof(L->h));
+            if (count_halves_f32((const uint32_t *)chunk, part, totals, &t, L)) {
+                top = t > top ? t : top;
+                continue;
+            }
+        }
+        memset(L->h, 0, sizeof(L->h[0]) * lanes);
+        if (mass) {
+            memset(L->s1, 0, sizeof(L->s1[0]) * lanes);
+            memset(L->s2, 0, sizeof(L->s2[0]) * lanes);
+        }
+        t = count_chunk(chunk, part, kind, mass != NULL, lanes, L);
+        top = t > top ? t : top;
+        fold(L, lanes, totals, mass);
+    }
+    if (release) PyEval_RestoreThread(state);
+    return top;
+}
+
+static int check_kind(int kind) {
+    if (kind >= KIND_F32 && kind <= KIND_BF16) return 1;
+    PyErr_Format(PyExc_ValueError, "kind must be 0 (float32), 1 (float16) or 2 (bfloat16), got %d", kind);
+    return 0;
+}
+
+static PyObject *count(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t n;
+    int kind;
+    PyObject *mass_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "Kni|O", &address, &n, &kind, &mass_obj) || !check_kind(kind)) return NULL;
+    if (n < 0 || (n && !address)) {
+        PyErr_Format(PyExc_ValueError, "count: need n >= 0 and a nonzero address, got n %zd", n);
+        return NULL;
+    }
+    Py_buffer mass;
+    int with_mass = mass_obj != Py_None;
+    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) return NULL;
+    int64_t totals[1024] = {0};
+    uint32_t top = count_buffer((const char *)(uintptr_t)address, n, kind, totals,
+                                with_mass ? (double *)mass.buf : NULL);
+    if (with_mass) PyBuffer_Release(&mass);
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
+}
+
+/* The k-th (address, n) of a parts tuple; 0 with an exception set when it is not one. */
+static int part_at(PyObject *parts, Py_ssize_t k, unsigned long long *address, Py_ssize_t *n) {
+    if (PyArg_ParseTuple(PyTuple_GET_ITEM(parts, k), "Kn", address, n) && *n >= 0 && (!*n || *address))
+        return 1;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "parts are (address, n >= 0) with nonzero addresses");
+    return 0;
+}
+
+static PyObject *count_parts(PyObject *self, PyObject *args) {
+    PyObject *parts, *mass_obj = Py_None;
+    int kind;
+    if (!PyArg_ParseTuple(args, "O!i|O", &PyTuple_Type, &parts, &kind, &mass_obj) || !check_kind(kind)) return NULL;
+    Py_buffer mass;
+    int with_mass = mass_obj != Py_None;
+    if (with_mass && !writable(&mass, mass_obj, MASS_SIZE * 8, "mass")) return NULL;
+    int64_t totals[1024] = {0};
+    uint32_t top = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(parts); k++) {
+        unsigned long long address;
+        Py_ssize_t n;
+        if (!part_at(parts, k, &address, &n)) {
+            if (with_mass) PyBuffer_Release(&mass);
+            return NULL;
+        }
+        uint32_t t = count_buffer((const char *)(uintptr_t)address, n, kind, totals,
+                                  with_mass ? (double *)mass.buf : NULL);
+        top = t > top ? t : top;
+    }
+    if (with_mass) PyBuffer_Release(&mass);
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
+}
+
+static PyObject *updates(PyObject *self, PyObject *args) {
+    unsigned long long before_address;
+    int n_formats;
+    PyObject *parts, *last_obj, *lost_obj;
+    if (!PyArg_ParseTuple(args, "KO!OiO", &before_address, &PyTuple_Type, &parts, &last_obj, &n_formats,
+                          &lost_obj))
+        return NULL;
+    if (n_formats < 1 || n_formats > 64 || !before_address) {
+        PyErr_Format(PyExc_ValueError, "updates: need a nonzero address and 1 to 64 formats, got %d", n_formats);
+        return NULL;
+    }
+    Py_ssize_t n_parts = PyTuple_GET_SIZE(parts);
+    Py_buffer last, lost;
+    if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (last.len < 256 * n_formats * 4) {
+        PyBuffer_Release(&last);
+        PyErr_Format(PyExc_ValueError, "last must hold 256 x %d int32", n_formats);
+        return NULL;
+    }
+    if (!writable(&lost, lost_obj, n_formats * 8, "lost")) {
+        PyBuffer_Release(&last);
+        return NULL;
+    }
+    const uint32_t *w = (const uint32_t *)(uintptr_t)before_address;
+    const int32_t *lim = (const int32_t *)last.buf;
+    int64_t *out = (int64_t *)lost.buf;
+    int64_t lost_here[64] = {0}, totals[1024] = {0};
+    uint32_t top = 0;
+    for (Py_ssize_t k = 0; k < n_parts; k++) {
+        unsigned long long address;
+        Py_ssize_t n;
+        if (!part_at(parts, k, &address, &n)) {
+            PyBuffer_Release(&last);
+            PyBuffer_Release(&lost);
+            return NULL;
+        }
+        const float *now = (const float *)(uintptr_t)address;
+        int release = n >= NOGIL_FROM;
+        PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float u_f = now[i] - f32_of(w[i]);
+            uint32_t u;
+            memcpy(&u, &u_f, 4);
+            uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
+            top = a > top ? a : top;
+            totals[F32_CLASS(u)]++;
+            if (t == 0) {
+                if (a) /* a float32 subnormal update: lost in every format */
+                    for (int f = 0; f < n_formats; f++) lost_here[f]++;
+                continue;
+            }
+            const int32_t *row = lim + g * n_formats;
+            for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
+        }
+        if (release) PyEval_RestoreThread(state);
+        w += n;
+    }
+    for (int f = 0; f < n_formats; f++) out[f] += lost_here[f];
+    PyBuffer_Release(&last);
+    PyBuffer_Release(&lost);
+    PyObject *pairs = pairs_of(totals);
+    if (!pairs) return NULL;
+    return Py_BuildValue("(dN)", (double)f32_of(top), pairs);
+}
+
+static PyObject *accumulate(PyObject *self, PyObject *args) {
+    unsigned long long raw_address, amax_address, first_address;
+    Py_ssize_t rows, row, length;
+    const char *bytes;
+    double value;
+    long long step;
+    if (!PyArg_ParseTuple(args, "(KKKn)ny#dL", &raw_address, &amax_address, &first_address, &rows, &row, &bytes,
+                          &length, &value, &step))
+        return NULL;
+    const int64_t *p = (const int64_t *)bytes;
+    int ok = raw_address && amax_address && first_address && row >= 0 && row < rows && length % 16 == 0;
+    for (Py_ssize_t k = 0; ok && k < length / 16; k++) ok = p[2 * k] >= 0 && p[2 * k] < RAW_SIZE;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "accumulate: row %zd of %zd, or pairs of %zd bytes, out of range", row, rows,
+                     length);
+        return NULL;
+    }
+    int64_t *dst = (int64_t *)(uintptr_t)raw_address + row * RAW_SIZE;
+    for (Py_ssize_t k = 0; k < length / 16; k++) dst[p[2 * k]] += p[2 * k + 1];
+    float *a = (float *)(uintptr_t)amax_address + row;
+    float v = (float)value;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    int64_t *f = (int64_t *)(uintptr_t)first_address + row;
+    if (!isfinite(value) && step < *f) *f = step;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"count", count, METH_VARARGS,
+     "count(address, n, kind, mass=None) -> (amax, pairs): the classes of n values (kind 0 float32, 1 float16, "
+     "2 bfloat16) as int64 (class, count) pairs; their mass per exponent field added to mass (float64[512])"},
+    {"updates", updates, METH_VARARGS,
+     "updates(before, parts, last, n_formats, lost) -> (amax, pairs) of the float32 updates (address, n) - "
+     "before, with the updates lost per format added to lost"},
+    {"count_parts", count_parts, METH_VARARGS,
+     "count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their "
+     "(address, n); their mass added to mass as count does"},
+    {"accumulate", accumulate, METH_VARARGS,
+     "accumulate((raw, amax, first, rows), row, pairs, amax_value, step): add a tensor's pairs and amax to a "
+     "table row, the tables given by address"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fasthist",
+                                    "Compiled fast path of the analyzer's log2 histograms.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fasthist(void) {
+    init_tables();
+    return PyModule_Create(&module);
+}

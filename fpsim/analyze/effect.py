@@ -1,0 +1,118 @@
+"""Effect-weighted statistics: how much of a tensor's norm a format loses, and the error its rounding adds.
+
+A count says how many values a format flushes; these numbers say how much they
+mattered. From the log2 histogram and the mass per binade kept beside it (the
+sum of |x| and of x^2 over the values of each float32 exponent field, see
+histogram.py), for a format and a power-of-two scale 2^s applied before the
+cast:
+
+- `mass_lost_l1`, `mass_lost_l2`: the share of sum |x| and of sum x^2 carried
+  by the values that flush to zero (the same values `Log2Histogram.underflow`
+  counts). sqrt(mass_lost_l2) is the relative L2 error that flushing alone adds.
+- `mass_clipped_l1`, `mass_clipped_l2`: the share carried by the values beyond
+  the format's overflow threshold (they become Inf, or max when saturating): 0
+  when nothing overflows (exact, from the amax), otherwise an upper bound that
+  includes the whole binade holding the threshold.
+- `rounding_rel_error`: the relative L2 error ||q(x) - x|| / ||x|| that
+  round-to-nearest adds to the values the format keeps (neither flushed nor
+  beyond its max), estimated from the format's spacing: a value in binade b
+  (2^b <= |x 2^s| < 2^(b+1)) lies within ulp(b) = 2^(max(b, emin) - man_bits)
+  of its neighbours and its error is taken as uniform on (-ulp/2, ulp/2), mean
+  square ulp^2 / 12; exact powers of two are representable and add nothing.
+  It is an expectation, not a bound: tests hold it to the measured error of
+  random data within a few percent.
+
+The shares do not depend on the scale except through which values flush or
+overflow; `rounding_rel_error` grows when the scale pushes values into the
+subnormal range. Float32 subnormals (`tiny`) are treated as the counts treat
+them: all flushed unless all of them survive. Update records carry no mass
+(their lost updates are counted apart): every number is None there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .histogram import E_LO, MASS_SIZE, TINY_LOG2_RANGE, Log2Histogram
+
+EFFECT_KEYS = ("mass_lost_l1", "mass_lost_l2", "mass_clipped_l1", "mass_clipped_l2", "rounding_rel_error")
+"""The numbers `effect` gives, in the order report.json lists them."""
+_FIELD_OF_BINADE = 127   # float32 exponent field of binade e: e + 127
+
+
+@dataclasses.dataclass(frozen=True)
+class Mass:
+    """Sum of |x| (`l1`) and of x^2 (`l2`) per float32 exponent field F (0: tiny values; 255: float64 values of
+    2^128 and more), float64[256] each, from the MASS_SIZE layout of histogram.py."""
+
+    l1: np.ndarray
+    l2: np.ndarray
+
+    @classmethod
+    def from_raw(cls, raw) -> "Mass":
+        raw = np.asarray(raw, dtype=np.float64)
+        if raw.shape != (MASS_SIZE,):
+            raise ValueError(f"raw mass must have shape ({MASS_SIZE},), got {raw.shape}")
+        return cls(raw[:256].copy(), raw[256:].copy())
+
+    @property
+    def total_l1(self) -> float:
+        return float(self.l1.sum())
+
+    @property
+    def total_l2(self) -> float:
+        return float(self.l2.sum())
+
+
+def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows) -> dict:
+    """EFFECT_KEYS -> float64 array over `scales` (log2 scales applied before the cast), for format `lim`.
+
+    overflows: per scale, whether anything overflows there (decided exactly from the amax, see
+    TensorStats.overflows). All NaN without mass or without nonzero mass.
+    """
+    scales = np.asarray(scales, dtype=np.int64).reshape(-1)
+    if mass is None or not mass.total_l2 > 0:
+        return {key: np.full(scales.shape, np.nan) for key in EFFECT_KEYS}
+    z, emin, emax, man = lim.zero_exponent, lim.emin, lim.emax, lim.fmt.man_bits
+    total = {"l1": mass.total_l1, "l2": mass.total_l2}
+    out = {}
+    # flushed: the binades e with e + s < z (fields 1 .. z - s - 1 + 127), the ties at 2^z, the tiny values
+    first_kept_field = np.clip(z - scales + _FIELD_OF_BINADE, 1, 255)
+    tie = z - scales                                      # binade of the values that land on 2^z
+    tie_bin = tie - E_LO
+    inside = (tie_bin >= 0) & (tie_bin < len(hist.pow2))
+    ties = np.where(inside, hist.pow2[np.clip(tie_bin, 0, len(hist.pow2) - 1)], 0) if lim.tie_to_zero \
+        else np.zeros(scales.shape)
+    tiny_lost = TINY_LOG2_RANGE[0] + scales <= z
+    beyond_field = np.clip(emax - scales + _FIELD_OF_BINADE, 0, 256)   # first field of the binade emax - s
+    overflows = np.broadcast_to(np.asarray(overflows, dtype=bool), scales.shape)
+    for norm, power in (("l1", 1), ("l2", 2)):
+        per_field = getattr(mass, norm)
+        below = np.concatenate([[0.0], np.cumsum(per_field)])          # below[k]: the fields < k
+        lost = below[first_kept_field] - below[1] + ties * np.exp2(power * tie.astype(np.float64))
+        lost = lost + np.where(tiny_lost, per_field[0], 0.0)
+        clipped = np.where(overflows, below[256] - below[beyond_field], 0.0)
+        out[f"mass_lost_{norm}"] = np.minimum(lost / total[norm], 1.0)
+        out[f"mass_clipped_{norm}"] = np.minimum(clipped / total[norm], 1.0)
+    # rounding: per bin after scaling, inexact values x ulp^2 / 12, ulp back in unscaled units
+    binades = np.arange(len(hist.counts))[None, :] + E_LO + scales[:, None]
+    kept = (binades >= z) & (binades <= emax)
+    exact = np.where(binades > z, hist.pow2, 0) + (np.where(binades == z, hist.pow2, 0) if lim.tie_to_zero else 0)
+    ulp_log2 = np.maximum(binades, emin) - man - scales[:, None]
+    squared = np.where(kept, (hist.counts - exact) * np.exp2(2.0 * ulp_log2), 0.0).sum(axis=1) / 12
+    top_tiny = TINY_LOG2_RANGE[1] - 1 + scales                        # tiny values kept: their top binade's spacing
+    tiny_kept = (TINY_LOG2_RANGE[0] + scales > z) & (top_tiny <= emax)
+    squared = squared + np.where(tiny_kept, hist.tiny * np.exp2(2.0 * (np.maximum(top_tiny, emin) - man - scales))
+                                 / 12, 0.0)
+    out["rounding_rel_error"] = np.sqrt(squared / total["l2"])
+    return {key: out[key] for key in EFFECT_KEYS}
+
+
+def tensor_effects(stats, lim, scales) -> dict:
+    """EFFECT_KEYS -> list over `scales` (log2), for one TensorStats (None each where it has no mass)."""
+    scales = list(scales)
+    arrays = effects(stats.hist, stats.mass, lim, scales, [stats.overflows(lim, s) for s in scales])
+    return {key: [None if np.isnan(v) else float(v) for v in values] for key, values in arrays.items()}
