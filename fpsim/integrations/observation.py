@@ -45,12 +45,13 @@ class FitObservation:
         self.paths: dict = {}
         self._writer = None
         self._finished = True
+        self._exported_step = None
 
     def start(self, model) -> None:
         """Attach a new watch to `model` (a fit starts)."""
         self.finish_quietly()
         self.watcher = Watcher(model, self.formats, **self.watch_options).attach()
-        self.report, self.paths, self._finished = None, {}, False
+        self.report, self.paths, self._finished, self._exported_step = None, {}, False, None
         if self.tensorboard is not None:
             from .tensorboard_export import summary_writer
 
@@ -67,6 +68,7 @@ class FitObservation:
             self._close_writer()
             return
         self._export(report, global_step, text=False)
+        self._exported_step = global_step
 
     def finish(self, exception: BaseException | None = None) -> dict:
         """The fit ended (with `exception`, or normally): detach, write the report (and the last events) once."""
@@ -86,7 +88,8 @@ class FitObservation:
                 warnings.warn(f"fpsim: could not build the report: {type(err).__name__}: {err}", RuntimeWarning)
         if self._writer is not None:
             if self.report is not None:
-                self._export(self.report, int(self.report.run.get("steps", 0)), text=True)
+                steps = int(self.report.run.get("steps", 0))
+                self._export(self.report, steps, text=True, values=steps != self._exported_step)
             self._close_writer()
         return self.paths
 
@@ -95,13 +98,13 @@ class FitObservation:
         if not self._finished:
             self.finish(RuntimeError("the fit ended without its end being signalled"))
 
-    def _export(self, report, step: int, text: bool) -> None:
+    def _export(self, report, step: int, text: bool, values: bool = True) -> None:
         if report.rank != 0 or self._writer is None:
             return
         from .tensorboard_export import write_report
 
         try:
-            write_report(report, self._writer, step, text=text)
+            write_report(report, self._writer, step, text=text, values=values)
         except Exception as err:  # TensorBoard is not worth the run
             warnings.warn(f"fpsim: TensorBoard export stopped: {type(err).__name__}: {err}", RuntimeWarning)
             self._close_writer()

@@ -48,11 +48,20 @@ def to_tensorboard(report, directory, step: int | None = None) -> str:
     return os.fspath(directory)
 
 
-def write_report(report, writer, step: int | None = None, text: bool = True) -> None:
-    """Add the report's histograms and scalars (and, with `text`, its summary table) to an open SummaryWriter."""
+def write_report(report, writer, step: int | None = None, text: bool = True, values: bool = True) -> None:
+    """Add the report's histograms and scalars (`values`) and its summary table (`text`) to an open
+    SummaryWriter."""
     step = int(report.run.get("steps", 0)) if step is None else step
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if values:
+        _write_values(report, writer, step)
+    if text:
+        writer.add_text("fpsim/summary", "```\n" + report.summary_table() + "\n```", step)
+    writer.flush()
+
+
+def _write_values(report, writer, step: int) -> None:
     modules = [layer for layer in report.layers if not layer.is_op]
     for layer in modules:
         for kind, t in layer.tensors.items():
@@ -73,9 +82,6 @@ def write_report(report, writer, step: int | None = None, text: bool = True) -> 
             writer.add_scalar(f"loss_scale_log2/{lim.name}", recommended, step)
         for verdict in VERDICT_VALUE:
             writer.add_scalar(f"layers/{lim.name}/{verdict}", summary[lim.name][verdict], step)
-    if text:
-        writer.add_text("fpsim/summary", "```\n" + report.summary_table() + "\n```", step)
-    writer.flush()
 
 
 def _buckets(hist) -> list:

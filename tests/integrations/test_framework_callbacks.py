@@ -124,7 +124,10 @@ def training_args(folder, steps=4):
 
 def test_trainer_callback_writes_the_report_of_a_tiny_gpt2(tmp_path):
     model = tiny_gpt2()
-    callback = TrainerCallback(out=tmp_path / "report", formats=("fp16", "bf16"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    callback = TrainerCallback(out=tmp_path / "report", formats=("fp16", "bf16"), tensorboard=tmp_path / "tb",
+                               tensorboard_every=2)
     trainer = transformers.Trainer(model=model, args=training_args(tmp_path / "hf"), train_dataset=Tokens(),
                                    callbacks=[callback])
     trainer.train()
@@ -135,6 +138,10 @@ def test_trainer_callback_writes_the_report_of_a_tiny_gpt2(tmp_path):
     names = {e["name"] for e in data["layers"] if e["entry"] == "module"}
     assert "transformer.h.0.attn.c_attn" in with_params and with_params - {"lm_head"} <= names  # lm_head is wte
     assert (tmp_path / "report" / "report.html").is_file()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("verdict/bf16/transformer.h.0.attn.c_attn")] == [2, 4]  # 4 once
+    assert [e.step for e in events.Tensors("fpsim/summary/text_summary")] == [4]
 
 
 CRASHING_RUN = """
