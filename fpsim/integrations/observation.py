@@ -58,8 +58,10 @@ class FitObservation:
             self._writer = summary_writer(self.tensorboard)
 
     def step(self, global_step: int) -> None:
-        """After an optimizer step: TensorBoard events every `tensorboard_every` steps."""
-        if self._writer is None or self._finished or global_step % self.tensorboard_every:
+        """After a batch: TensorBoard events every `tensorboard_every` optimizer steps (once per step, also
+        when gradient accumulation calls this for several batches of one step)."""
+        if self._writer is None or self._finished or not global_step or global_step % self.tensorboard_every \
+                or global_step == self._exported_step:
             return
         try:
             report = self.watcher.report()

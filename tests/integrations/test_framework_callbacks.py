@@ -46,11 +46,13 @@ class LitRegressor(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def lightning_fit(model, callbacks=()):
+def lightning_fit(model, callbacks=(), **options):
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
-    trainer = lightning.Trainer(max_steps=5, accelerator="cpu", devices=1, logger=False, callbacks=list(callbacks),
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    options = {"max_steps": 5, **options}
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=list(callbacks),
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                **options)
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
     return trainer
 
@@ -79,6 +81,18 @@ def test_lightning_callback_writes_the_report_of_the_fit(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("verdict/fp16/net.0")] == [2, 4, 5]   # every 2 steps, then the end
+
+
+def test_tensorboard_events_come_once_per_optimizer_step_under_gradient_accumulation(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(0)
+    callback = LightningCallback(out=None, formats=("fp16",), tensorboard=tmp_path, tensorboard_every=2)
+    trainer = lightning_fit(LitRegressor(), [callback], max_steps=4, accumulate_grad_batches=2)
+    assert trainer.global_step == 4 and callback.report.run["steps"] == 4 and not list(tmp_path.glob("*.json"))
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.step for e in events.Scalars("verdict/fp16/net.0")] == [2, 4]
 
 
 def test_lightning_callback_writes_the_report_when_the_fit_raises(tmp_path):
