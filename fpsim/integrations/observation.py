@@ -10,6 +10,7 @@ report is warned about once and observation (or that export) stops.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import warnings
@@ -37,6 +38,8 @@ class FitObservation:
         unknown = [k for k in watch_options if k not in WATCH_OPTIONS]
         if unknown:
             raise TypeError(f"unknown option {unknown[0]!r}; the options of fpsim.watch are: {', '.join(WATCH_OPTIONS)}")
+        if tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+            raise ImportError("tensorboard= needs the tensorboard package: pip install tensorboard")
         resolve_formats(formats)                    # bad format names fail now, not when the fit starts
         self.out, self.formats, self.tensorboard = out, formats, tensorboard
         self.tensorboard_every, self.watch_options = tensorboard_every, watch_options
