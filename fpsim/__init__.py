@@ -20,14 +20,14 @@ from .tensorcore.core import TensorCore
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALIASES", "BLOCK_PRESETS", "BlockEncoding", "BlockFormat", "IntFormat", "PRESETS", "ROUNDING_MODES",
+    "ALIASES", "BLOCK_PRESETS", "BlockEncoding", "BlockFormat", "IntFormat", "PRESETS", "ROUNDING_MODES", "Report",
     "SCALE_RULES", "Format", "TensorCore", "decode", "encode", "emulate", "format", "quantize",
     "testing", "watch", "__version__",
 ]
 
 # Names whose modules need torch: imported on first use, so that `import fpsim` and the numpy
 # numerics never load torch. `emulate` is the (callable) package fpsim.emulate itself.
-_LAZY = {"watch": "fpsim.analyze.hooks", "emulate": "fpsim.emulate"}
+_LAZY = {"watch": "fpsim.analyze.hooks", "Report": "fpsim.analyze.report", "emulate": "fpsim.emulate"}
 
 
 def __getattr__(name):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -33,8 +34,6 @@ def _json_number(value):
 
 
 def _print_json(data) -> None:
-    import json
-
     print(json.dumps(data, indent=2))
 
 
@@ -197,6 +196,10 @@ def cmd_validate(args) -> int:
     device = args.device or validate.guess_device(capture.meta.get("gpu", ""))
     overrides = {"path": args.path} if args.path else {}
     results = validate.validate(capture, device, **overrides)
+    exact = validate.all_bit_exact(results)
+    if args.json:
+        _print_json(_validation_facts(source, capture, device, results, exact, args.show))
+        return 0 if exact else 1
     print(f"capture: {source} ({capture.meta.get('gpu', '?')}), model: {device}")
     print(f"{'case':44} {'level':11} {'formats':13} {'K':>5} {'rows':>6} {'bit-exact':>10}")
     for r in results:
@@ -215,7 +218,7 @@ def cmd_validate(args) -> int:
             rows, matched = sum(r.rows for r in chosen), sum(r.matched for r in chosen)
             print(f"{level}: {matched}/{rows} values bit-exact ({100 * matched / rows:.2f}%) "
                   f"in {len(chosen)} case(s)")
-    if validate.all_bit_exact(results):
+    if exact:
         return 0
     failed = [r.name for r in results if r.level == "instruction" and not r.bit_exact]
     print(f"fpsim validate: {len(failed)} instruction-level case(s) not bit-exact: {', '.join(failed)}",
@@ -223,11 +226,36 @@ def cmd_validate(args) -> int:
     return 1
 
 
+def _validation_facts(source, capture, device: str, results: list, exact: bool, show: int) -> dict:
+    """`fpsim validate --json`: per case its rows and matches (the first `show` mismatching rows), and totals."""
+    cases = []
+    for r in results:
+        case = {"name": r.name, "level": r.level, "inputs": r.inputs, "output": r.output, "k": r.k, "rows": r.rows,
+                "matched": r.matched, "bit_exact": r.bit_exact, "note": r.note or None}
+        if show and r.mismatches:
+            values = np.ravel(capture.case(r.name).d_values)
+            case["mismatches"] = [{"row": int(i), "gpu": _json_number(values[i])} for i in r.mismatches[:show]]
+        cases.append(case)
+    totals = {}
+    for level in ("instruction", "library"):
+        chosen = [r for r in results if r.level == level and r.rows]
+        if chosen:
+            rows, matched = sum(r.rows for r in chosen), sum(r.matched for r in chosen)
+            totals[level] = {"rows": rows, "matched": matched, "share": matched / rows, "cases": len(chosen)}
+    return {"capture": str(source), "gpu": capture.meta.get("gpu"), "model": device, "bit_exact": exact,
+            "cases": cases, "totals": totals}
+
+
 def cmd_probes(args) -> int:
     """The tensor-core features the standard probes show, for a model (and a capture)."""
     from .tensorcore import features
 
     table = features.probe_table(args.device, args.inputs, args.output, **({"path": args.path} if args.path else {}))
+    if args.json:
+        _print_json({"device": args.device, "inputs": args.inputs, "output": args.output, "path": args.path,
+                     "features": {key: _json_default(table[key]) if key in table else None
+                                  for key in features.FEATURES}})
+        return 0
     print(f"model {args.device}, {args.inputs} -> {args.output}")
     for key in features.FEATURES:
         print(f"  {key:18} {table.get(key, '-')}")
@@ -312,10 +340,30 @@ def cmd_study(args) -> int:
             print(f"  figure  {path}")
         print(f"  {result.seconds:.1f} s")
     if args.json:
-        import json
-
         print(json.dumps(done, indent=2, default=_json_default))
     return 0
+
+
+def cmd_compare(args) -> int:
+    """What changed between two saved reports; exit 1 when a verdict or a loss scale did."""
+    from .analyze.compare import compare
+
+    comparison = compare(args.a, args.b)
+    if args.html:
+        from .analyze.html import render_comparison_html
+        from .analyze.report import atomic_write
+
+        folder = os.path.dirname(os.path.abspath(args.html))
+        if not os.path.isdir(folder):
+            raise ValueError(f"--html {args.html!r}: no folder {folder!r} to write it into")
+        atomic_write(args.html, render_comparison_html(comparison).encode())
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2, default=_json_default))
+    else:
+        print(comparison.text(max_shares=args.shares))
+        if args.html:
+            print(f"\ncomparison written to {args.html}")
+    return 1 if comparison.changed else 0
 
 
 def _json_default(value):
@@ -379,8 +427,6 @@ def _analyzer_formats(text: str):
 
 def _print_report(report, paths: dict, out, as_json: bool = False) -> None:
     if as_json:  # the report's summary and where its files are
-        import json
-
         print(json.dumps({"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}},
                          indent=2, default=str))
         return
@@ -593,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="device model to use (default: the capture's GPU)")
     p.add_argument("--path", choices=["native", "fp16"], help="FP8 path for every case (default: each case's own)")
     p.add_argument("--show", type=_count, default=0, metavar="N", help="print the first N mismatching rows per case")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (same exit status)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("probes", help="tensor-core features shown by the standard probes, for a device model")
@@ -601,7 +648,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="fp32", help="output (accumulator) format (default fp32)")
     p.add_argument("--path", choices=["native", "fp16"],
                    help="FP8 only: native FP8 MMAs or binary16 MMAs (default: native where the device has it)")
+    p.add_argument("--json", action="store_true", help="print the features as JSON on stdout")
     p.set_defaults(func=cmd_probes)
+
+    p = sub.add_parser("compare", help="what changed between two analyzer runs: verdicts, loss scales, underflow "
+                                       "shares (exit 1 when a verdict or loss scale changed)",
+                       description="Compare two saved analyzer reports (folders or report.json files). Exit "
+                                   "status: 0 nothing changed, 1 a verdict, a recommended loss scale, a layer or "
+                                   "a format changed, 2 a usage error (a path that is not a report).")
+    p.add_argument("a", help="the first run: a report folder or its report.json")
+    p.add_argument("b", help="the second run")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON on stdout")
+    p.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
+    p.add_argument("--shares", type=_count, default=12, metavar="N",
+                   help="underflow shares listed in the text (largest change first; default 12)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("study", help="run reproducible studies: regenerate their figures and pages in docs/")
     p.add_argument("names", nargs="*", metavar="NAME", help="study name(s), or all (fpsim study --list)")

@@ -13,6 +13,8 @@ names its version.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import io
 import json
 import math
@@ -51,6 +53,13 @@ class Report:
     ops: list = dataclasses.field(default_factory=list)       # every op site observed (Layer, type "op")
     findings: list = dataclasses.field(default_factory=list)  # the ops among `layers` that judge worse
 
+    @classmethod
+    def load(cls, path) -> "Report":
+        """The report saved at `path` (its folder or its report.json), to render, save or compare again."""
+        from .load import load_report
+
+        return load_report(path)
+
     @property
     def formats(self) -> list:
         return [lim.name for lim in self.limits]
@@ -82,6 +91,7 @@ class Report:
             f = lim.fmt
             formats.append({
                 "name": f.name, "exp_bits": f.exp_bits, "man_bits": f.man_bits, "bias": f.bias,
+                "infinities": f.infinities, "nan": f.nan, "subnormals": f.subnormals,
                 "max": float(f.max), "min_normal": float(f.min_normal), "min_subnormal": float(f.min_subnormal),
                 "zero_threshold_log2": lim.zero_exponent, "zero_tie_rounds_to_zero": lim.tie_to_zero,
                 "overflow_threshold": _num(lim.overflow_threshold), "overflow_tie_overflows": lim.tie_overflows,
@@ -102,7 +112,8 @@ class Report:
             "layers": [self._entry(layer) for layer in self.layers],
             "ops": [{"name": op.name, "module": op.module, "op": op.name.rpartition(":")[2],
                      "dtypes": dict(op.dtypes), "verdicts": {f: v.verdict for f, v in self.verdicts[op.name].items()},
-                     "samples": {k: t.samples for k, t in op.tensors.items()}} for op in self.ops],
+                     "samples": {k: t.samples for k, t in op.tensors.items()},
+                     "first_nonfinite_step": op.first_nonfinite_step} for op in self.ops],
         }
 
     def _entry(self, layer) -> dict:
@@ -128,6 +139,7 @@ class Report:
                     fe["window_log2"] = None if w is None else list(w)
                 if kind == "update":
                     fe["lost_updates"] = t.lost_update_fraction(lim)
+                    fe["lost_update_count"] = (t.lost_updates or {}).get(lim.name)
                 scales = list(range(lo, hi + 1)) if by_scale and not lim.per_tensor_scaled else [0]
                 if lim.per_tensor_scaled and s is not None and s not in scales:
                     scales.append(s)
@@ -193,13 +205,20 @@ class Report:
         return json.dumps(_jsonable(self.to_dict()), indent=1, allow_nan=False)
 
     # ------------------------------------------------------------------ text
-    def summary_table(self, max_name: int = 32) -> str:
-        """The terminal table: one row per layer, one verdict column per format, then the scales."""
+    def summary_table(self) -> str:
+        """The terminal table: one row per layer (full names), one verdict column per format, then the scales."""
         from .text import summary_table
 
-        return summary_table(self, max_name)
+        return summary_table(self)
 
     # ----------------------------------------------------------------- files
+    def to_tensorboard(self, directory, step: int | None = None) -> str:
+        """Write the histograms, verdicts and loss scales as TensorBoard events at `step` (default: the run's
+        optimizer steps) into `directory`; see fpsim.integrations.tensorboard_export. Needs tensorboard."""
+        from ..integrations.tensorboard_export import to_tensorboard
+
+        return to_tensorboard(self, directory, step)
+
     def figures(self) -> dict:
         """{file name: matplotlib Figure} of every figure the report holds."""
         return {name: build() for name, build in self.figure_builders().items()}
@@ -223,7 +242,9 @@ class Report:
         """Write report.json, then (unless figures=False) the PNG figures, then report.html into `directory`.
 
         The directory is created if needed; every file is written atomically,
-        report.json first so that nothing later can lose it. A figure that
+        report.json first so that nothing later can lose it. Files an earlier
+        save wrote there and this one did not (figures of another run) are
+        removed; nothing else is (see `remove_stale`). A figure that
         cannot be drawn is left out with a warning (the page says so). Under
         torch.distributed only rank 0 writes. Returns {file name: path}; when
         writing fails, the exception carries `.written` (what was written).
@@ -236,7 +257,8 @@ class Report:
         paths = {}
         try:
             os.makedirs(directory, exist_ok=True)
-            paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), self.to_json().encode())
+            json_bytes = self.to_json().encode()
+            paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), json_bytes)
             pngs = {}
             if figures:
                 for name, build in self.figure_builders().items():
@@ -250,12 +272,38 @@ class Report:
                     paths[name] = atomic_write(os.path.join(directory, name), data)
             from .html import render_html
 
-            paths["report.html"] = atomic_write(os.path.join(directory, "report.html"),
-                                                render_html(self, pngs).encode())
+            html = render_html(self, pngs).encode()
+            paths["report.html"] = atomic_write(os.path.join(directory, "report.html"), html)
+            remove_stale(directory, {name: hashlib.sha256(content).hexdigest() for name, content in
+                                     {"report.json": json_bytes, **pngs, "report.html": html}.items()})
         except BaseException as err:
             err.written = dict(paths)
             raise
         return paths
+
+
+MANIFEST = ".fpsim-manifest.json"
+"""The files the last save wrote into a report folder, with their SHA-256: what a later save may remove."""
+
+
+def remove_stale(directory: str, written: dict) -> None:
+    """Remove the files the previous save listed in the manifest, unchanged since (same SHA-256), that this save
+    did not write; then list this save's files {name: sha256}. Files fpsim did not write are never touched."""
+    manifest = os.path.join(directory, MANIFEST)
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            before = json.load(f).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        before = {}
+    for name, digest in before.items() if isinstance(before, dict) else ():
+        path = os.path.join(directory, name)
+        if name in written or os.path.basename(name) != name or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digest:
+                continue                        # changed since fpsim wrote it: no longer fpsim's
+        os.unlink(path)
+    atomic_write(manifest, json.dumps({"written_by": "fpsim Report.save", "files": written}, indent=1).encode())
 
 
 def atomic_write(path: str, data: bytes) -> str:
@@ -336,11 +384,7 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
     dtypes: record name -> {dtype name: tensors} (the dtypes ops produced).
     hidden: module records kept only to compare their ops with (modules outside the selection).
     """
-    from .limits import FormatLimits
-
     dtypes, tied = dtypes or {}, tied or {}
-    thresholds = {"float16": FormatLimits.of("fp16").overflow_threshold,
-                  "bfloat16": FormatLimits.of("bf16").overflow_threshold}
     entries: dict = {}
     for i, (name, kind) in enumerate(snapshot.keys):
         if snapshot.samples[i] == 0 or name not in types:
@@ -349,11 +393,10 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
         lost = None
         if kind == "update":
             lost = {lim.name: int(snapshot.lost[i, j]) for j, lim in enumerate(limits)}
-        low = [thresholds[d] for d in dtypes.get(name, {}) if d in thresholds
-               and name.rpartition(":")[2] not in INTENDED_INF_OPS]
         stats = TensorStats(name, kind, Log2Histogram.from_raw(snapshot.raw[i]), float(snapshot.amax[i]),
                             None if first >= NO_STEP else first, int(snapshot.samples[i]), lost,
-                            min(low) if low else None, None if kind == "update" else Mass.from_raw(snapshot.mass[i]))
+                            inf_overflow_threshold(name, dtypes.get(name, {})),
+                            None if kind == "update" else Mass.from_raw(snapshot.mass[i]))
         if name not in entries:
             entries[name] = Layer(name, types[name], {}, dict(dtypes.get(name, {})), list(tied.get(name, [])))
         entries[name].tensors[kind] = stats
@@ -372,8 +415,42 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
             if prediction is not None:
                 gradscaler[lim.name] = prediction
     findings = [op for op in ops if _worse_than_module(op, verdicts, limits)]
-    return Report(limits, settings, dict(run), modules + findings, verdicts, loss_scale, gradscaler,
+    run = {**run_metadata(types), **run}
+    return Report(limits, settings, run, modules + findings, verdicts, loss_scale, gradscaler,
                   fp8_recipe(modules, limits, settings), rank, ops, findings)
+
+
+def run_metadata(types: dict) -> dict:
+    """What the report page names the run by: the model (the classes of the outermost modules recorded, which
+    are named after their class), the script (sys.argv[0]), the date (UTC) and the versions of torch and Python."""
+    import datetime
+    import platform
+    import sys
+
+    from .. import __version__
+
+    torch = sys.modules.get("torch")
+    return {"fpsim_version": __version__, "model": ", ".join(sorted(name for name, kind in types.items() if name == kind)) or None,
+            "script": sys.argv[0] if sys.argv and sys.argv[0] else None,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "torch_version": getattr(torch, "__version__", None), "python_version": platform.python_version()}
+
+
+def inf_overflow_threshold(name: str, dtypes: dict) -> float | None:
+    """The lowest overflow threshold of the low-precision dtypes a record's values were produced in (an Inf
+    among them is an overflow there), None when none was, or when the op puts Inf on purpose."""
+    if name.rpartition(":")[2] in INTENDED_INF_OPS:
+        return None
+    low = [threshold for dtype, threshold in _low_precision_thresholds().items() if dtype in dtypes]
+    return min(low) if low else None
+
+
+@functools.lru_cache(maxsize=1)
+def _low_precision_thresholds() -> dict:
+    from .limits import FormatLimits
+
+    return {"float16": FormatLimits.of("fp16").overflow_threshold,
+            "bfloat16": FormatLimits.of("bf16").overflow_threshold}
 
 
 def _worse_than_module(op, verdicts: dict, limits) -> bool:

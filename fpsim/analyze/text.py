@@ -16,10 +16,6 @@ def scale_text(log2: int | None) -> str:
     return f"2^{log2} ({shown})"
 
 
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1):]
-
-
 def _compact(numbers: list) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
     numbers = sorted(set(numbers))
@@ -82,9 +78,10 @@ def _worst_underflow(layer, lim) -> str:
 MAX_FINDING_ROWS = 16
 
 
-def summary_table(report, max_name: int = 40) -> str:
+def summary_table(report) -> str:
     """Layers x formats verdicts (blocks that agree merged into one row), the op findings, the loss
-    scales, what the run itself did (autocast, GradScaler), the GradScaler replay and the FP8 recipe."""
+    scales, what the run itself did (autocast, GradScaler), the GradScaler replay and the FP8 recipe.
+    Layer and op names are written in full (a column as wide as the longest)."""
     formats = report.formats
     modules = [layer for layer in report.layers if not layer.is_op]
     if not modules:
@@ -93,7 +90,7 @@ def summary_table(report, max_name: int = 40) -> str:
     first_scaled = next((lim for lim in report.limits if not lim.per_tensor_scaled), None)
     rows = [(layer.name, layer.type, *(report.verdicts[layer.name][f].verdict for f in formats),
              _worst_underflow(layer, first_scaled)) for layer in modules]
-    table_rows = [[_cut(row[0], max_name), *row[1:]] for row in grouped(rows, tail=1, merge=_larger_share)]
+    table_rows = [list(row) for row in grouped(rows, tail=1, merge=_larger_share)]
     lines = _table(["layer", "type", *formats, "worst grad underflow @1"], table_rows)
     if report.findings:
         lines.append("")
@@ -101,8 +98,7 @@ def summary_table(report, max_name: int = 40) -> str:
         op_rows = grouped([(op.name, "/".join(sorted(op.dtypes)) or "-",
                             *(report.verdicts[op.name][f].verdict for f in formats)) for op in report.findings])
         shown = op_rows[:MAX_FINDING_ROWS]
-        lines.extend("  " + line for line in _table(["op", "ran in", *formats], [[_cut(r[0], max_name), *r[1:]]
-                                                                                for r in shown]))
+        lines.extend("  " + line for line in _table(["op", "ran in", *formats], [list(r) for r in shown]))
         if len(op_rows) > MAX_FINDING_ROWS:
             lines.append(f"  ... {len(op_rows) - MAX_FINDING_ROWS} more rows in report.json")
         reasons = _finding_reasons(report, formats)

@@ -50,8 +50,9 @@ def test_probes_reads_the_documented_features(capsys):
     assert code == 2 and "do not support e4m3 inputs with fp32 output" in err
 
 
-@pytest.mark.parametrize("command,options", [("probes", ("--device", "--inputs", "--output", "--path")),
-                                             ("validate", ("--device", "--path", "--show"))])
+@pytest.mark.parametrize("command,options", [("probes", ("--device", "--inputs", "--output", "--path", "--json")),
+                                             ("validate", ("--device", "--path", "--show", "--json")),
+                                             ("compare", ("--json", "--html", "--shares"))])
 def test_every_option_has_a_help_text(capsys, command, options):
     with pytest.raises(SystemExit):
         main([command, "--help"])
@@ -61,3 +62,28 @@ def test_every_option_has_a_help_text(capsys, command, options):
         described = line.split(option, 1)[1].split(maxsplit=1)
         helped = len(described) > 1 or lines[lines.index(line) + 1].startswith(" " * 20)
         assert helped, f"{command} {option} has no help text"
+
+
+def test_validate_json_gives_the_counts_and_the_same_exit_codes(capsys):
+    import json
+
+    code, out, _ = run(capsys, "validate", "h100", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["bit_exact"] is True and data["model"] == "h100"
+    assert data["totals"]["instruction"] == {"rows": 20000, "matched": 20000, "share": 1.0, "cases": 8}
+    code, out, _ = run(capsys, "validate", "h100", "--device", "a100", "--json", "--show", "2")
+    data = json.loads(out)
+    cases = {c["name"]: c for c in data["cases"]}
+    assert code == 1 and data["bit_exact"] is False and cases["e4m3_fp32"]["matched"] == 0   # a100 has no FP8
+    assert cases["bf16_fp32"]["matched"] < cases["bf16_fp32"]["rows"] and len(cases["bf16_fp32"]["mismatches"]) == 2
+    code, out, err = run(capsys, "validate", "h100", "--device", "bogus", "--json")
+    assert code == 2 and not out and "unknown device 'bogus'" in err
+
+
+def test_probes_json_gives_the_documented_features(capsys):
+    import json
+
+    code, out, _ = run(capsys, "probes", "--device", "h100", "--inputs", "fp16", "--json")
+    features = json.loads(out)["features"]
+    assert code == 0 and features["window"] == "25" and features["block_size"] == "16"
+    assert features["rounding"] == "toward_zero"
