@@ -28,6 +28,7 @@ from ..trace import OUTSIDE, ModuleNames, Tracer, unwrap
 from .histogram import Log2Counter
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
+from .shadow import ShadowSteps
 from .signals import Terminated, deferred_signals
 from .store import Store
 
@@ -74,6 +75,11 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
         ends, also when the run raises or is interrupted.
     on_step: called with the step number after each step (progress displays).
     step_capacity: how many per-step gradient amax entries to keep.
+    shadow_every: replay every N-th step in each format (shadow steps, see
+        fpsim.analyze.shadow) and judge layers by the measured gradient error
+        against their noise floor (default None: value counts only).
+    shadow_scales: log2 of the candidate loss scales the shadow steps try for
+        formats narrower than FP32 (default 0, 8, 16).
     """
     return Watcher(model, formats, **options)
 
@@ -83,12 +89,14 @@ class Watcher:
 
     def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, ops: bool = True,
                  every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
-                 scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536):
+                 scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536,
+                 shadow_every: int | None = None, shadow_scales=None):
         import torch
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
+        self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (count every N-th step), got {every!r}")
         if not isinstance(ops, bool):
@@ -214,6 +222,8 @@ class Watcher:
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
             self._refresh()
+            if self.shadow is not None and self.model is not None:
+                self._attach_shadow(self.model)
             self._tracer.attach()
             if self._optimizer is not None:
                 self._handles += [self._optimizer.register_step_pre_hook(self._on_step_pre),
@@ -233,6 +243,8 @@ class Watcher:
         """Detach every hook and the op interception (idempotent); the counts stay for report()."""
         self._active = False
         self._tracer.close()
+        if self.shadow is not None:
+            self.shadow.close()
         for handle in self._handles + self._param_handles:
             handle.remove()
         self._handles, self._param_handles = [], []
@@ -322,6 +334,8 @@ class Watcher:
             self._forward_since_step = True
             if self.names.new_names:
                 self._refresh()
+            if self.shadow is not None and self.shadow.wants_root and self.names.is_root(name):
+                self._attach_shadow(module)
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
@@ -333,6 +347,11 @@ class Watcher:
                     t.register_hook(self._gradient_hook(record))   # dies with the tensor: never on a leaf
         except Exception as err:
             self._fail(err)
+
+    def _attach_shadow(self, model) -> None:
+        """Give the shadow steps their root: the model, or (model=None) the first root with parameters to run."""
+        if any(True for _ in unwrap(model).parameters()):
+            self.shadow.attach(model, unwrap(model), self.names.get, self._tracer.busy, lambda: self.step)
 
     def _note_dtype(self, name: str, t) -> None:
         seen = self._dtypes.setdefault(name, {})
@@ -390,6 +409,8 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
+        if self.shadow is not None:          # before the step: the parameters are still those of the forward
+            self.shadow.before_step(self._inverse_scale)
         if kwargs.get("closure") is None and not args:   # the step's own arithmetic is not the model's
             self._tracer.intercept(False)
         try:
@@ -463,6 +484,8 @@ class Watcher:
             self._store.flush(self.step)
         self._counted = type(self._counted)()
         self._tracer.forget_graph()
+        if self.shadow is not None:
+            self.shadow.forget()
         self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0
@@ -587,6 +610,8 @@ class Watcher:
                              f"under {group[0] if group[0] in self._types else name}")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
+        if self.shadow is not None:
+            notes.extend(self.shadow.describe())
         return notes
 
     def report(self, *, underflow_threshold=None, fp8_margin=None, scale_range=None):
@@ -620,8 +645,10 @@ class Watcher:
             "precision": self.precision(), "notes": self.notes(),
         }
         dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self._dtypes.items()}
+        shadow = self.shadow.evidence() if self.shadow is not None and self.shadow.record.count else None
         return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
-                            tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden))
+                            tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden),
+                            shadow=shadow)
 
 
 # ------------------------------------------------------------------ helpers

@@ -1,0 +1,624 @@
+"""Shadow steps: replay a sampled training step in low precision and measure what it does to the gradients.
+
+On a shadowed step, before the root model's first forward, its inputs (args
+and kwargs), its buffers and the RNG state are copied; in the real backward,
+the gradient arriving at each of its output tensors is copied too (the loss
+function need not be known). Before the optimizer steps (the parameters are
+still those the forward used), the step is replayed from these with
+torch.func.functional_call on the parameters (detached: no .grad is touched)
+and on copies of the buffers (BatchNorm's running stats of the real model stay
+as they are), with the RNG set to the captured state (the same dropout masks)
+and restored after (the run's RNG stream is untouched):
+
+- FP32 (autocast off): the reference gradient g of every parameter;
+- FP32 on each half of the batch, gA and gB: the noise floor ||gA - gB|| /
+  ||gA + gB|| is the relative noise the FP32 gradient itself carries (the
+  halves' difference has the spread of g's own sampling noise; with per-sample
+  terms summed gA + gB = g, with a mean taken inside the model gA + gB = 2g and
+  gA - gB doubles too, so the ratio holds either way);
+- each loss-scaled format that torch.autocast runs (fp16, bf16): the forward
+  under autocast, real low-precision arithmetic, then one backward per
+  candidate loss scale 2^s, the output gradient multiplied by 2^s and cast to
+  the output's dtype, as a GradScaler'd backward receives it, the weight
+  gradients divided back;
+- per-tensor-scaled formats (FP8, custom formats of 8 bits or fewer): the FP32
+  forward with every Linear/Conv's input and weight, and the gradient arriving
+  at its output, fake-quantised with a current per-tensor scale
+  (CurrentScaling: format max / amax), straight-through gradients.
+
+A module whose low-precision output is non-finite while its inputs are finite
+is an overflow source; the replay is repeated with the sources kept in FP32 (as
+one would), so that the other layers are judged on what remains.
+
+Per layer (the parameters a module holds itself), format and scale: the
+gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
+||g|| lost where g_lp is zero and g is not, and the share of non-finite
+values; per layer the noise floor. `ShadowRecord` sums them over shadowed
+steps (bounded memory); evidence.py turns them into verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+NARROW_SCALES_LOG2 = (0, 8, 16)
+"""Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
+AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+MAX_OVERFLOW_PASSES = 3
+"""Replays with more overflow sources kept in FP32 before giving up on finding them all."""
+
+
+@dataclasses.dataclass
+class Sums:
+    """What one (layer, format, scale) measured, summed over shadowed steps."""
+
+    steps: int = 0
+    finite_steps: int = 0
+    rel_error: float = 0.0       # over finite steps
+    cosine: float = 0.0          # over finite steps
+    zeroed_share: float = 0.0    # over finite steps
+    nonfinite_share: float = 0.0  # over all steps
+
+    def add(self, m: dict) -> None:
+        self.steps += 1
+        self.nonfinite_share += m["nonfinite_share"]
+        if m["nonfinite_share"] == 0:
+            self.finite_steps += 1
+            self.rel_error += m["rel_error"]
+            self.cosine += m["cosine"]
+            self.zeroed_share += m["zeroed_share"]
+
+    def means(self) -> dict:
+        n = self.finite_steps
+        return {"steps": self.steps, "nonfinite_steps": self.steps - n,
+                "grad_rel_error": self.rel_error / n if n else math.inf,
+                "cosine": self.cosine / n if n else None,
+                "share_zeroed": self.zeroed_share / n if n else None,
+                "share_nonfinite": self.nonfinite_share / self.steps if self.steps else 0.0}
+
+
+class ShadowRecord:
+    """Sums of the measurements of every shadowed step: per layer its noise floor, per (layer, format, scale)
+    the errors, per format the overflow sources."""
+
+    def __init__(self):
+        self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
+        self.count = 0
+        self.floor: dict = {}                 # layer -> [sum, steps]
+        self.sums: dict = {}                  # (layer, fmt, scale_log2) -> Sums
+        self.sources: dict = {}               # fmt -> {layer: steps it overflowed}
+        self.unsplit_steps = 0                # steps whose batch could not be halved
+
+    def to_dict(self) -> dict:
+        """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}}},
+        "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
+        layers: dict = {}
+        for (layer, fmt, scale), sums in self.sums.items():
+            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}})
+            entry["formats"].setdefault(fmt, {})[scale] = sums.means()
+        for layer, (total, n) in self.floor.items():
+            if layer in layers and n:
+                layers[layer]["noise_floor"] = total / n
+        return {"shadowed_steps": self.count, "steps": list(self.steps), "layers": layers,
+                "overflow_sources": {f: dict(s) for f, s in self.sources.items()},
+                "unsplit_steps": self.unsplit_steps}
+
+
+MAX_LISTED_STEPS = 64
+
+
+@dataclasses.dataclass
+class _Capture:
+    step: int
+    args: tuple
+    kwargs: dict
+    buffers: dict
+    rng: object
+    cuda_rng: list | None
+    grads: list = dataclasses.field(default_factory=list)   # per output leaf: float32 gradient or None
+    handles: list = dataclasses.field(default_factory=list)
+
+
+class ShadowSteps:
+    """Capture and replay for one watched run. `attach(core, ...)` hooks the root model; the watcher calls
+    `before_step(inverse_scale)` from its optimizer pre-step hook and `forget()` at the end of each step."""
+
+    def __init__(self, limits, every: int, scales=None):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"shadow_every must be a positive int (replay every N-th step) or None, got {every!r}")
+        if scales is None:
+            scales = NARROW_SCALES_LOG2
+        try:
+            scales = tuple(sorted({int(s) for s in scales}))
+        except (TypeError, ValueError):
+            raise ValueError(f"shadow_scales must be ints (log2 of the candidate loss scales), got {scales!r}") \
+                from None
+        if not scales or scales[0] != 0 or scales[-1] > 64:
+            raise ValueError(f"shadow_scales must hold 0 (scale 1) and stay <= 64, got {scales!r}")
+        self.every, self.scales = every, scales
+        self.formats = [lim for lim in limits if lim.per_tensor_scaled or lim.name in AUTOCAST_DTYPES]
+        self.skipped_formats = [lim.name for lim in limits if lim not in self.formats]
+        self.record = ShadowRecord()
+        self.core = None
+        self.notes: list = []
+        self.error = None
+        self._capture = None
+        self._handles: list = []
+        self._busy = None
+        self._step_of = None
+        self._groups: list = []               # [(layer name, [parameter names])]
+        self._module_names: dict = {}         # id(module) -> qualified name in core
+
+    # ------------------------------------------------------------ life cycle
+    @property
+    def wants_root(self) -> bool:
+        return self.core is None and self.error is None and not self.notes
+
+    def attach(self, model, core, name_of, busy, step_of) -> None:
+        """Hook `core` (the unwrapped root `model`). name_of(module): the watcher's record name or None."""
+        import torch
+
+        if not self.wants_root:
+            return
+        if type(model).__name__ == "OptimizedModule" or isinstance(core, torch.jit.ScriptModule):
+            self.notes.append(f"{name_of(model) or type(core).__name__} is compiled or TorchScript: no shadow steps "
+                              f"(verdicts from value counts)")
+            return
+        self.core, self._busy, self._step_of = core, busy, step_of
+        seen = set()
+        for qual, module in core.named_modules():
+            self._module_names[id(module)] = qual
+            names = []
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                names.append(f"{qual}.{pname}" if qual else pname)
+            if names:
+                self._groups.append((name_of(module) or qual or type(core).__name__, names))
+        self._handles = [core.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
+                         core.register_forward_hook(self._on_forward, with_kwargs=True)]
+
+    def describe(self) -> list:
+        """Notes for the report: what the shadow steps could not do."""
+        out = list(self.notes)
+        if self.error is not None:
+            out.append(f"shadow steps stopped after an error: {self.error}")
+        if self.skipped_formats:
+            out.append(f"no shadow steps for {', '.join(self.skipped_formats)} (autocast runs fp16 and bf16; "
+                       f"per-tensor scaling is for formats of 8 bits or fewer): value counts only")
+        if self.record.unsplit_steps:
+            out.append(f"{self.record.unsplit_steps} shadowed steps had a batch that cannot be halved (one sample, "
+                       f"or outputs not batched along dim 0): no noise floor from them")
+        return out
+
+    def evidence(self) -> dict:
+        """What the shadow steps measured (ShadowRecord.to_dict) and how they ran."""
+        return {"every": self.every, "scales_log2": list(self.scales),
+                "formats": [lim.name for lim in self.formats], **self.record.to_dict()}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop a capture that was not replayed (the step ended without an optimizer step of ours)."""
+        if self._capture is not None:
+            for handle in self._capture.handles:
+                handle.remove()
+        self._capture = None
+
+    def _fail(self, err: BaseException) -> None:
+        self.error = f"{type(err).__name__}: {err}"
+        warnings.warn(f"fpsim.watch: shadow steps stopped after an error ({self.error}); observation and "
+                      f"training continue", RuntimeWarning, stacklevel=3)
+        self.close()
+
+    # -------------------------------------------------------------- capture
+    def _on_forward_pre(self, module, args, kwargs):
+        import torch
+
+        if self._capture is not None or self._step_of() % self.every or not torch.is_grad_enabled() \
+                or torch.compiler.is_compiling():
+            return None
+        try:
+            with self._busy():
+                from torch.utils._pytree import tree_map
+
+                def copy(x):
+                    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+                cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                    else None
+                self._capture = _Capture(self._step_of(), tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs)),
+                                         {n: b.detach().clone() for n, b in module.named_buffers()},
+                                         torch.get_rng_state(), cuda)
+        except Exception as err:
+            self._fail(err)
+        return None
+
+    def _on_forward(self, module, args, kwargs, output):
+        capture = self._capture
+        if capture is None or capture.grads or capture.handles:
+            return None                              # not shadowed, or a later forward of the same step
+        try:
+            leaves = _float_leaves(output)
+            capture.grads = [None] * len(leaves)
+            for i, t in enumerate(leaves):
+                if t.requires_grad:
+                    capture.handles.append(t.register_hook(self._grad_hook(capture, i)))
+            if not capture.handles:
+                self.forget()
+        except Exception as err:
+            self._fail(err)
+        return None
+
+    def _grad_hook(self, capture, i):
+        def on_grad(grad):
+            try:
+                with self._busy():
+                    g = grad.detach().float().clone()
+                    capture.grads[i] = g if capture.grads[i] is None else capture.grads[i] + g
+            except Exception as err:
+                self._fail(err)
+        return on_grad
+
+    # --------------------------------------------------------------- replay
+    def before_step(self, inverse_scale=None) -> None:
+        """Replay the captured step, if one is complete (the parameters are still those of its forward)."""
+        capture = self._capture
+        if capture is None or not any(g is not None for g in capture.grads):
+            return
+        self.forget()
+        try:
+            with self._busy():
+                if inverse_scale is not None:   # a GradScaler'd backward: judge the gradients unscaled
+                    capture.grads = [None if g is None else g * inverse_scale.to(g.device) for g in capture.grads]
+                self._replay(capture)
+        except Exception as err:
+            self._fail(err)
+
+    def _replay(self, capture) -> None:
+        import torch
+
+        params = {n: p.detach().requires_grad_(True) for n, p in self.core.named_parameters()
+                  if p.requires_grad}
+        if not params:
+            return
+        device = next(iter(params.values())).device.type
+        saved_rng = torch.get_rng_state()
+        saved_cuda = torch.cuda.get_rng_state_all() if capture.cuda_rng is not None else None
+        try:
+            with torch.enable_grad():
+                self._measure(capture, params, device)
+        finally:
+            torch.set_rng_state(saved_rng)
+            if saved_cuda is not None:
+                torch.cuda.set_rng_state_all(saved_cuda)
+        rec = self.record
+        rec.count += 1
+        if len(rec.steps) < MAX_LISTED_STEPS:
+            rec.steps.append(capture.step)
+
+    def _measure(self, capture, params, device) -> None:
+        import torch
+
+        reference = self._backward(capture, params, _FP32(device), (0,))[0]
+        ref = {name: _flat(reference, names) for name, names in self._groups}
+        self._noise_floor(capture, params, device, ref)
+        for lim in self.formats:
+            keep, sources = set(), {}
+            for _ in range(MAX_OVERFLOW_PASSES):
+                found: dict = {}
+                if lim.per_tensor_scaled:
+                    grads = self._backward(capture, params, _FakeQuant(self, lim, keep, found), (0,))
+                else:
+                    scales = self.scales if lim.emax < 127 else (0,)
+                    dtype = getattr(torch, AUTOCAST_DTYPES[lim.name])
+                    grads = self._backward(capture, params, _Autocast(self, device, dtype, keep, found), scales)
+                new = {q: m for q, m in found.items() if m not in keep}
+                if not new:
+                    break
+                sources.update(new)
+                keep |= set(new.values())
+            for q, module in sources.items():
+                layer = self._record_name(module, q)
+                self.record.sources.setdefault(lim.name, {})
+                self.record.sources[lim.name][layer] = self.record.sources[lim.name].get(layer, 0) + 1
+            for scale, result in grads.items():
+                for name, names in self._groups:
+                    g32 = ref[name]
+                    if g32 is None or not float(g32.norm()):
+                        continue
+                    m = _compare(_flat(result, names), g32)
+                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+
+    def _record_name(self, module, qual: str) -> str:
+        for name, names in self._groups:
+            if names and names[0].rpartition(".")[0] == qual:
+                return name
+        return qual or type(self.core).__name__
+
+    def _noise_floor(self, capture, params, device, ref) -> None:
+        import torch
+
+        halves = _halves(capture)
+        if halves is None:
+            self.record.unsplit_steps += 1
+            return
+        parts = [self._backward(h, params, _FP32(device), (0,))[0] for h in halves]
+        for name, names in self._groups:
+            ga, gb = _flat(parts[0], names), _flat(parts[1], names)
+            if ga is None or gb is None or ref[name] is None:
+                continue
+            total = float((ga + gb).norm())
+            if total:
+                entry = self.record.floor.setdefault(name, [0.0, 0])
+                entry[0] += float((ga - gb).norm()) / total
+                entry[1] += 1
+
+    def _backward(self, capture, params, context, scales) -> dict:
+        """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`."""
+        import torch
+        from torch.func import functional_call
+
+        torch.set_rng_state(capture.rng)
+        if capture.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(capture.cuda_rng)
+        buffers = {n: b.clone() for n, b in capture.buffers.items()}
+        with context:
+            out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
+                                  capture.kwargs)
+        pairs = [(o, g) for o, g in zip(_float_leaves(out), capture.grads) if g is not None and o.requires_grad]
+        names = list(params)
+        result = {}
+        for i, s in enumerate(scales):
+            factor = math.ldexp(1.0, s)
+            grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
+                                        [(g * factor).to(o.dtype) for o, g in pairs],
+                                        retain_graph=i < len(scales) - 1, allow_unused=True)
+            result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+        return result
+
+
+# ------------------------------------------------------------ replay contexts
+class _FP32:
+    """The reference: autocast off, the parameters as they are."""
+
+    def __init__(self, device_type):
+        import torch
+
+        self._autocast = torch.autocast(device_type, enabled=False)
+
+    def parameters(self, params: dict) -> dict:
+        return params
+
+    def __enter__(self):
+        self._autocast.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._autocast.__exit__(*exc)
+        return False
+
+
+class _Replay:
+    """A context for one replay: watches every module of the root for overflow sources (output non-finite
+    from finite inputs) and runs the modules in `keep` in FP32."""
+
+    def __init__(self, shadow, keep, found):
+        self.shadow, self.keep, self.found = shadow, keep, found
+        self._handles: list = []
+        self._inner: list = []
+
+    def parameters(self, params: dict) -> dict:
+        return params
+
+    def __enter__(self):
+        from torch.nn.modules import module as nn_module
+
+        self._enter()
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        while self._inner:
+            self._inner.pop().__exit__(None, None, None)
+        self._exit()
+        return False
+
+    def _enter(self):
+        pass
+
+    def _exit(self):
+        pass
+
+    def _pre(self, module, args):
+        import torch
+
+        if module in self.keep:
+            ctx = torch.autocast(self.device_type, enabled=False)
+            ctx.__enter__()
+            self._inner.append(ctx)
+            return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        return None
+
+    def _post(self, module, args, output):
+        if module in self.keep and self._inner:
+            self._inner.pop().__exit__(None, None, None)
+        qual = self.shadow._module_names.get(id(module))
+        if qual is None or qual in self.found or module in self.keep:
+            return None
+        if not _all_finite(output) and _all_finite(args):
+            inner = [q for q in self.found if q.startswith(qual + ".") or not qual]
+            if not inner:            # the innermost module that overflowed, not its parents
+                self.found[qual] = module
+        return None
+
+
+class _Autocast(_Replay):
+    """torch.autocast in `dtype`: real FP16/BF16 arithmetic."""
+
+    def __init__(self, shadow, device_type, dtype, keep, found):
+        super().__init__(shadow, keep, found)
+        self.device_type, self.dtype = device_type, dtype
+
+    def _enter(self):
+        import torch
+
+        self._autocast = torch.autocast(self.device_type, dtype=self.dtype)
+        self._autocast.__enter__()
+
+    def _exit(self):
+        self._autocast.__exit__(None, None, None)
+
+
+GEMM_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear")
+
+
+class _FakeQuant(_Replay):
+    """FP32 arithmetic with each GEMM module's input, weight and output gradient fake-quantised in `lim`'s
+    format with a current per-tensor scale."""
+
+    def __init__(self, shadow, lim, keep, found):
+        super().__init__(shadow, keep, found)
+        self.lim, self.device_type = lim, "cpu"
+
+    def parameters(self, params: dict) -> dict:
+        out = dict(params)
+        for qual, module in self.shadow.core.named_modules():
+            if type(module).__name__ in GEMM_TYPES and module not in self.keep:
+                key = f"{qual}.weight" if qual else "weight"
+                if key in out:
+                    out[key] = _quantize(out[key], self.lim)
+        return out
+
+    def _pre(self, module, args):
+        import torch
+
+        if type(module).__name__ in GEMM_TYPES and module not in self.keep:
+            return tuple(_quantize(a, self.lim) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                         for a in args)
+        return None
+
+    def _post(self, module, args, output):
+        import torch
+
+        super()._post(module, args, output)
+        if type(module).__name__ in GEMM_TYPES and module not in self.keep and isinstance(output, torch.Tensor) \
+                and output.requires_grad:
+            return _GradientQuantizer.apply(output, self.lim)
+        return None
+
+
+def _quantize(x, lim):
+    """x fake-quantised with a current per-tensor scale (max / amax, power of two not required), straight-through."""
+    import torch
+
+    from ..rounding import quantize
+
+    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
+    scaled = x * scale
+    return quantize(scaled, lim.fmt, saturate=True) / scale if x.requires_grad else \
+        torch.as_tensor(quantize(scaled.detach(), lim.fmt, saturate=True)) / scale
+
+
+def _gradient_quantizer():
+    import torch
+
+    class GradientQuantizer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, lim):
+            ctx.lim = lim
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return _quantize(grad.detach(), ctx.lim), None
+
+    return GradientQuantizer
+
+
+class _LazyFunction:
+    def __init__(self, make):
+        self._make, self._fn = make, None
+
+    def apply(self, *args):
+        if self._fn is None:
+            self._fn = self._make()
+        return self._fn.apply(*args)
+
+
+_GradientQuantizer = _LazyFunction(_gradient_quantizer)
+
+
+# ------------------------------------------------------------------ helpers
+def _float_leaves(output) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _all_finite(value) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in _float_leaves(value))
+
+
+def _halves(capture):
+    """Two captures, each with half of the batch (dim 0 of the first tensor input), or None when the batch
+    cannot be halved: fewer than 2 samples, or an output gradient that is neither batched nor a scalar."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    tensors = [t for t in tree_leaves((capture.args, capture.kwargs)) if isinstance(t, torch.Tensor) and t.ndim]
+    if not tensors or tensors[0].shape[0] < 2:
+        return None
+    batch = tensors[0].shape[0]
+    if any(g is not None and g.ndim and g.shape[0] != batch for g in capture.grads):
+        return None
+    half = batch // 2
+    out = []
+    for part in (slice(0, half), slice(half, batch)):
+        def cut(x, part=part):
+            return x[part] if isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == batch else x
+        grads = [None if g is None else (g[part] if g.ndim else g) for g in capture.grads]
+        out.append(dataclasses.replace(capture, args=tree_map(cut, capture.args), kwargs=tree_map(cut, capture.kwargs),
+                                       grads=grads, handles=[]))
+    return out
+
+
+def _flat(grads: dict, names: list):
+    """One flat float32 tensor of the named gradients (None when none of them has one)."""
+    import torch
+
+    parts = [grads[n].reshape(-1) for n in names if grads.get(n) is not None]
+    return torch.cat(parts) if parts else None
+
+
+def _compare(g, g32) -> dict:
+    """Relative error, cosine, share of ||g32|| lost to zeros and share of non-finite values of g against g32."""
+    import torch
+
+    if g is None:
+        return {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
+    finite = torch.isfinite(g)
+    nonfinite = 1.0 - float(finite.float().mean())
+    if nonfinite:
+        return {"rel_error": math.inf, "cosine": None, "zeroed_share": None, "nonfinite_share": nonfinite}
+    g, g32 = g.double(), g32.double()
+    norm32 = float(g32.norm())
+    norm = float(g.norm())
+    zeroed = (g == 0) & (g32 != 0)
+    return {"rel_error": float((g - g32).norm()) / norm32,
+            "cosine": float(g @ g32) / (norm * norm32) if norm else 0.0,
+            "zeroed_share": float(g32[zeroed].norm()) / norm32, "nonfinite_share": 0.0}
