@@ -100,7 +100,7 @@ class Report:
             "loss_scale": {name: ls.to_dict() for name, ls in self.loss_scale.items()},
             "gradscaler": {name: p.to_dict() for name, p in self.gradscaler.items()},
             "fp8_recipe": self.fp8,
-            "shadow": self._shadow_dict(),
+            "shadow": self.shadow_summary(),
             "summary": self.summary(),
             "layers": [self._entry(layer) for layer in self.layers],
             "ops": [{"name": op.name, "module": op.module, "op": op.name.rpartition(":")[2],
@@ -163,7 +163,8 @@ class Report:
         out["counts"] = counts
         return out
 
-    def _shadow_dict(self):
+    def shadow_summary(self) -> dict | None:
+        """How the shadow steps ran and the rule they judged by (None without shadow steps)."""
         if self.shadow is None:
             return None
         from .evidence import FALLBACK_THRESHOLD, MARGIN, MAX_TOLERATED_ERROR, MIN_TOLERATED_ERROR

@@ -150,6 +150,8 @@ class ShadowSteps:
         self._step_of = None
         self._groups: list = []               # [(layer name, [parameter names])]
         self._module_names: dict = {}         # id(module) -> qualified name in core
+        self._layer_names: dict = {}          # id(module) -> the watcher's record name
+        self._escalated: set = set()          # formats whose other candidate scales are replayed
 
     # ------------------------------------------------------------ life cycle
     @property
@@ -176,8 +178,9 @@ class ShadowSteps:
                     continue
                 seen.add(id(p))
                 names.append(f"{qual}.{pname}" if qual else pname)
+            self._layer_names[id(module)] = name_of(module) or qual or type(core).__name__
             if names:
-                self._groups.append((name_of(module) or qual or type(core).__name__, names))
+                self._groups.append((self._layer_names[id(module)], names))
         self._handles = [core.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
                          core.register_forward_hook(self._on_forward, with_kwargs=True)]
 
@@ -309,60 +312,75 @@ class ShadowSteps:
 
         reference = self._backward(capture, params, _FP32(device), (0,))[0]
         ref = {name: _flat(reference, names) for name, names in self._groups}
-        self._noise_floor(capture, params, device, ref)
+        ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
+        floors = self._noise_floor(capture, params, device, ref)
         for lim in self.formats:
             keep, sources = set(), {}
-            for _ in range(MAX_OVERFLOW_PASSES):
+            scales = self.scales if not lim.per_tensor_scaled and lim.emax < 127 else (0,)
+            for attempt in range(MAX_OVERFLOW_PASSES):
                 found: dict = {}
                 if lim.per_tensor_scaled:
-                    grads = self._backward(capture, params, _FakeQuant(self, lim, keep, found), (0,))
+                    context = _FakeQuant(self, lim, keep, found)
                 else:
-                    scales = self.scales if lim.emax < 127 else (0,)
-                    dtype = getattr(torch, AUTOCAST_DTYPES[lim.name])
-                    grads = self._backward(capture, params, _Autocast(self, device, dtype, keep, found), scales)
-                new = {q: m for q, m in found.items() if m not in keep}
-                if not new:
+                    context = _Autocast(self, device, getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found)
+                last = attempt == MAX_OVERFLOW_PASSES - 1
+                grads = self._backward(capture, params, context, scales,
+                                       stop=None if last else lambda: bool(found),
+                                       escalate=lambda result, lim=lim: self._escalate(lim, result, ref, floors))
+                if not found:
                     break
-                sources.update(new)
-                keep |= set(new.values())
+                sources.update(found)
+                keep |= set(found.values())
             for q, module in sources.items():
-                layer = self._record_name(module, q)
-                self.record.sources.setdefault(lim.name, {})
-                self.record.sources[lim.name][layer] = self.record.sources[lim.name].get(layer, 0) + 1
-            for scale, result in grads.items():
+                layer = self._layer_names.get(id(module), q or type(self.core).__name__)
+                by_layer = self.record.sources.setdefault(lim.name, {})
+                by_layer[layer] = by_layer.get(layer, 0) + 1
+            for scale, result in (grads or {}).items():
                 for name, names in self._groups:
-                    g32 = ref[name]
-                    if g32 is None or not float(g32.norm()):
-                        continue
-                    m = _compare(_flat(result, names), g32)
-                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+                    if name in ref:
+                        m = _compare(_flat(result, names), ref[name])
+                        self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
 
-    def _record_name(self, module, qual: str) -> str:
-        for name, names in self._groups:
-            if names and names[0].rpartition(".")[0] == qual:
-                return name
-        return qual or type(self.core).__name__
+    def _escalate(self, lim, result, ref, floors) -> bool:
+        """Whether to replay the other candidate scales: from the first step where a layer stands out at
+        scale 1 on, always (so that their means cover every step since)."""
+        from .evidence import threshold
 
-    def _noise_floor(self, capture, params, device, ref) -> None:
-        import torch
+        if lim.name not in self._escalated:
+            for name, names in self._groups:
+                if name in ref:
+                    m = _compare(_flat(result, names), ref[name])
+                    if m["nonfinite_share"] or m["rel_error"] > threshold(floors.get(name)):
+                        self._escalated.add(lim.name)
+                        break
+        return lim.name in self._escalated
 
+    def _noise_floor(self, capture, params, device, ref) -> dict:
+        """{layer: ||gA - gB|| / ||gA + gB||} of this step's halves (also summed into the record)."""
         halves = _halves(capture)
         if halves is None:
             self.record.unsplit_steps += 1
-            return
+            return {}
         parts = [self._backward(h, params, _FP32(device), (0,))[0] for h in halves]
+        floors = {}
         for name, names in self._groups:
             ga, gb = _flat(parts[0], names), _flat(parts[1], names)
-            if ga is None or gb is None or ref[name] is None:
+            if ga is None or gb is None or name not in ref:
                 continue
             total = float((ga + gb).norm())
             if total:
+                floors[name] = float((ga - gb).norm()) / total
                 entry = self.record.floor.setdefault(name, [0.0, 0])
-                entry[0] += float((ga - gb).norm()) / total
+                entry[0] += floors[name]
                 entry[1] += 1
+        return floors
 
-    def _backward(self, capture, params, context, scales) -> dict:
-        """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`."""
+    def _backward(self, capture, params, context, scales, stop=None, escalate=None) -> dict | None:
+        """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`.
+
+        stop(): checked after the forward; True: no backward, None back (an overflow source was found: the
+        caller replays with it in FP32). escalate(gradients at scale 1): whether to go on to the other scales.
+        """
         import torch
         from torch.func import functional_call
 
@@ -373,6 +391,8 @@ class ShadowSteps:
         with context:
             out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
                                   capture.kwargs)
+        if stop is not None and stop():
+            return None
         pairs = [(o, g) for o, g in zip(_float_leaves(out), capture.grads) if g is not None and o.requires_grad]
         names = list(params)
         result = {}
@@ -382,6 +402,8 @@ class ShadowSteps:
                                         [(g * factor).to(o.dtype) for o, g in pairs],
                                         retain_graph=i < len(scales) - 1, allow_unused=True)
             result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+            if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
+                break
         return result
 
 
