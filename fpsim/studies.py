@@ -24,7 +24,8 @@ import importlib.util
 import time
 from pathlib import Path
 
-STUDIES = ("format_ranges", "gradient_underflow", "loss_scale_sweep", "accumulation_error", "tensorcore_probes")
+STUDIES = ("format_ranges", "gradient_underflow", "loss_scale_sweep", "accumulation_error", "tensorcore_probes",
+           "verdict_agreement")
 """Study names, in the order docs/studies.md presents them."""
 
 

@@ -104,6 +104,7 @@ def kept_in_fp32(model, names):
     """Run the named submodules outside autocast, their floating inputs cast to float32."""
     handles, contexts = [], []
     modules = dict(model.named_modules())
+    modules[type(model).__name__] = model          # the root by its class name, as the analyzer names it
 
     def pre(module, args):
         ctx = torch.autocast(next(model.parameters()).device.type, enabled=False)
@@ -126,7 +127,8 @@ def kept_in_fp32(model, names):
 
 
 def train_real(model, loss_fn, batches, *, dtype=None, scale_log2: int = 0, keep_fp32=(), lr: float = 1e-2):
-    """Train with Adam, for real; {'losses': [...], 'skipped': n}. dtype None: FP32; torch.float16/bfloat16:
+    """Train with Adam, for real; {'losses': [...], 'skipped': n}. batches: (inputs, target) pairs, inputs a
+    tensor or a tuple of them; loss_fn(output, target). dtype None: FP32; torch.float16/bfloat16:
     CPU torch.autocast with the loss multiplied by 2^scale_log2 and the gradients divided back (a step with a
     non-finite gradient is skipped, as GradScaler does)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -135,7 +137,7 @@ def train_real(model, loss_fn, batches, *, dtype=None, scale_log2: int = 0, keep
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     for x, target in batches:
         with kept_in_fp32(model, keep_fp32), autocast:
-            out = model(x)
+            out = model(*x) if isinstance(x, tuple) else model(x)
         loss = loss_fn(tuple(o.float() for o in out) if isinstance(out, tuple) else out.float(), target)
         optimizer.zero_grad()
         (loss * scale).backward()
