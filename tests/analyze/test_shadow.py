@@ -218,3 +218,23 @@ def test_a_script_run_shadows_its_model(tmp_path):
     assert report.shadow["shadowed_steps"] >= 2       # the root is found at its first forward
     assert report.verdict("AuxHead.aux", "fp16") == "loss_scale"
     assert "report.json" in paths
+
+
+def test_an_amp_run_is_shadowed_as_the_same_model_in_fp32():
+    """Under autocast + GradScaler the captured output gradients carry the scale: they are divided back."""
+    model, loss_fn, batches = task("aux_head")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, formats=("fp16",), shadow_every=5) as w:
+        for x, y in batches(STEPS):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            loss = loss_fn(tuple(o.float() for o in out), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    report = w.report()
+    assert report.shadow["shadowed_steps"] == STEPS // SHADOW_EVERY
+    assert report.verdict("aux", "fp16") == "loss_scale" and report.verdict("trunk", "fp16") == "ok"
+    assert report.loss_scale["fp16"].recommended_log2 == observe("aux_head").loss_scale["fp16"].recommended_log2
