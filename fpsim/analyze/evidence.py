@@ -122,8 +122,7 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
                                      f"inputs) on {sources[name]} of {steps} shadowed steps; {quote}", None)
         elif not ev["stands_out"]:
             verdicts[name] = Verdict("ok", quote + ": within the noise the FP32 gradient already carries",
-                                     (0, 0) if not lim.per_tensor_scaled else None,
-                                     None if not lim.per_tensor_scaled else counted[name].tensor_scales)
+                                     tensor_scales=counted[name].tensor_scales)
             if lim.per_tensor_scaled and counted[name].verdict != "ok":
                 verdicts[name] = Verdict("loss_scale", quote + ": within the noise with per-tensor scales",
                                          tensor_scales=counted[name].tensor_scales)
@@ -132,7 +131,7 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
                                      tensor_scales=counted[name].tensor_scales)
         elif recommended and _passes(by_scale.get(recommended), limit):
             verdicts[name] = Verdict("loss_scale", f"{quote}; at the recommended scale 2^{recommended} the error "
-                                     f"is {_num(ev['grad_rel_error_at_recommended'])}", (recommended, recommended))
+                                     f"is {_num(ev['grad_rel_error_at_recommended'])}")
         else:
             tried = ", ".join(f"2^{s}: {_num(m['grad_rel_error'])}" for s, m in sorted(by_scale.items()))
             verdicts[name] = Verdict("fp32", f"{quote}; no candidate scale brings it under its threshold ({tried})",

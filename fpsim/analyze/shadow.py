@@ -511,7 +511,7 @@ class _FakeQuant(_Replay):
 
     def __init__(self, shadow, lim, keep, found):
         super().__init__(shadow, keep, found)
-        self.lim, self.device_type = lim, "cpu"
+        self.lim = lim
 
     def parameters(self, params: dict) -> dict:
         out = dict(params)
@@ -541,45 +541,36 @@ class _FakeQuant(_Replay):
 
 
 def _quantize(x, lim):
-    """x fake-quantised with a current per-tensor scale (max / amax, power of two not required), straight-through."""
-    import torch
-
+    """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
     from ..rounding import quantize
 
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
-    scaled = x * scale
-    return quantize(scaled, lim.fmt, saturate=True) / scale if x.requires_grad else \
-        torch.as_tensor(quantize(scaled.detach(), lim.fmt, saturate=True)) / scale
+    return quantize(x * scale, lim.fmt, saturate=True) / scale
 
 
-def _gradient_quantizer():
-    import torch
+class _GradientQuantizer:
+    """Identity forward; backward: the incoming gradient fake-quantised (made on first use: torch loads late)."""
 
-    class GradientQuantizer(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, lim):
-            ctx.lim = lim
-            return x.view_as(x)
+    _function = None
 
-        @staticmethod
-        def backward(ctx, grad):
-            return _quantize(grad.detach(), ctx.lim), None
+    @classmethod
+    def apply(cls, x, lim):
+        if cls._function is None:
+            import torch
 
-    return GradientQuantizer
+            class Function(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, lim):
+                    ctx.lim = lim
+                    return x.view_as(x)
 
+                @staticmethod
+                def backward(ctx, grad):
+                    return _quantize(grad.detach(), ctx.lim), None
 
-class _LazyFunction:
-    def __init__(self, make):
-        self._make, self._fn = make, None
-
-    def apply(self, *args):
-        if self._fn is None:
-            self._fn = self._make()
-        return self._fn.apply(*args)
-
-
-_GradientQuantizer = _LazyFunction(_gradient_quantizer)
+            cls._function = Function
+        return cls._function.apply(x, lim)
 
 
 # ------------------------------------------------------------------ helpers

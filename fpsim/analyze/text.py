@@ -168,7 +168,8 @@ def shadow_lines(report) -> list:
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]
-            if not layer.is_op and v.verdict != "ok" and layer.name in report.shadow_evidence:
+            if not layer.is_op and v.verdict != "ok" and layer.name in report.shadow_evidence \
+                    and not (lim.per_tensor_scaled and v.verdict == "loss_scale"):   # per-tensor scales: the norm
                 lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")
     return lines[:24]
 
