@@ -9,6 +9,7 @@ be. For the no-change promise: the same run without fpsim, compared bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -238,3 +239,33 @@ def test_an_amp_run_is_shadowed_as_the_same_model_in_fp32():
     assert report.shadow["shadowed_steps"] == STEPS // SHADOW_EVERY
     assert report.verdict("aux", "fp16") == "loss_scale" and report.verdict("trunk", "fp16") == "ok"
     assert report.loss_scale["fp16"].recommended_log2 == observe("aux_head").loss_scale["fp16"].recommended_log2
+
+
+class FailsUnderAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("this model refuses autocast")
+        return self.fc(x)
+
+
+def test_a_failing_replay_stops_shadowing_and_never_the_run():
+    torch.manual_seed(0)
+    model = FailsUnderAutocast()
+    reference = copy.deepcopy(model)
+    for m in (reference, model):
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(0)
+        with (watch(m, formats=("fp16",), shadow_every=1) if m is model else contextlib.nullcontext()) as w:
+            for _ in range(3):
+                loss = m(torch.randn(8, 4, generator=g)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert torch.equal(model.fc.weight, reference.fc.weight)
+    report = w.report()
+    assert report.shadow is None and report.verdict("fc", "fp16") in ("ok", "loss_scale", "fp32")
+    assert any("this model refuses autocast" in note for note in report.run["notes"])
