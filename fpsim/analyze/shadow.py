@@ -34,7 +34,8 @@ Per layer (the parameters a module holds itself), format and scale: the
 gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
 ||g|| lost where g_lp is zero and g is not, and the share of non-finite
 values; per layer the noise floor. `ShadowRecord` sums them over shadowed
-steps (bounded memory); evidence.py turns them into verdicts.
+steps (bounded memory); replay.py holds the replay contexts, evidence.py
+turns the sums into verdicts.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+
+from .replay import FP32, Autocast, FakeQuant, float_leaves
 
 NARROW_SCALES_LOG2 = (0, 8, 16)
 """Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
@@ -249,7 +252,7 @@ class ShadowSteps:
         if capture is None or capture.grads or capture.handles:
             return None                              # not shadowed, or a later forward of the same step
         try:
-            leaves = _float_leaves(output)
+            leaves = float_leaves(output)
             capture.grads = [None] * len(leaves)
             for i, t in enumerate(leaves):
                 if t.requires_grad:
@@ -310,7 +313,7 @@ class ShadowSteps:
     def _measure(self, capture, params, device) -> None:
         import torch
 
-        reference = self._backward(capture, params, _FP32(device), (0,))[0]
+        reference = self._backward(capture, params, FP32(device), (0,))[0]
         ref = {name: _flat(reference, names) for name, names in self._groups}
         ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
         floors = self._noise_floor(capture, params, device, ref)
@@ -320,9 +323,9 @@ class ShadowSteps:
             for attempt in range(MAX_OVERFLOW_PASSES):
                 found: dict = {}
                 if lim.per_tensor_scaled:
-                    context = _FakeQuant(self, lim, keep, found)
+                    context = FakeQuant(self.core, self._module_names, lim, keep, found)
                 else:
-                    context = _Autocast(self, device, getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found)
+                    context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found)
                 last = attempt == MAX_OVERFLOW_PASSES - 1
                 grads = self._backward(capture, params, context, scales,
                                        stop=None if last else lambda: bool(found),
@@ -361,7 +364,7 @@ class ShadowSteps:
         if halves is None:
             self.record.unsplit_steps += 1
             return {}
-        parts = [self._backward(h, params, _FP32(device), (0,))[0] for h in halves]
+        parts = [self._backward(h, params, FP32(device), (0,))[0] for h in halves]
         floors = {}
         for name, names in self._groups:
             ga, gb = _flat(parts[0], names), _flat(parts[1], names)
@@ -393,7 +396,7 @@ class ShadowSteps:
                                   capture.kwargs)
         if stop is not None and stop():
             return None
-        pairs = [(o, g) for o, g in zip(_float_leaves(out), capture.grads) if g is not None and o.requires_grad]
+        pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]
         names = list(params)
         result = {}
         for i, s in enumerate(scales):
@@ -407,186 +410,7 @@ class ShadowSteps:
         return result
 
 
-# ------------------------------------------------------------ replay contexts
-class _FP32:
-    """The reference: autocast off, the parameters as they are."""
-
-    def __init__(self, device_type):
-        import torch
-
-        self._autocast = torch.autocast(device_type, enabled=False)
-
-    def parameters(self, params: dict) -> dict:
-        return params
-
-    def __enter__(self):
-        self._autocast.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._autocast.__exit__(*exc)
-        return False
-
-
-class _Replay:
-    """A context for one replay: watches every module of the root for overflow sources (output non-finite
-    from finite inputs) and runs the modules in `keep` in FP32."""
-
-    def __init__(self, shadow, keep, found):
-        self.shadow, self.keep, self.found = shadow, keep, found
-        self._handles: list = []
-        self._inner: list = []
-
-    def parameters(self, params: dict) -> dict:
-        return params
-
-    def __enter__(self):
-        from torch.nn.modules import module as nn_module
-
-        self._enter()
-        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                         nn_module.register_module_forward_hook(self._post, always_call=True)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        while self._inner:
-            self._inner.pop().__exit__(None, None, None)
-        self._exit()
-        return False
-
-    def _enter(self):
-        pass
-
-    def _exit(self):
-        pass
-
-    def _pre(self, module, args):
-        import torch
-
-        if module in self.keep:
-            ctx = torch.autocast(self.device_type, enabled=False)
-            ctx.__enter__()
-            self._inner.append(ctx)
-            return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-        return None
-
-    def _post(self, module, args, output):
-        if module in self.keep and self._inner:
-            self._inner.pop().__exit__(None, None, None)
-        qual = self.shadow._module_names.get(id(module))
-        if qual is None or qual in self.found or module in self.keep:
-            return None
-        if not _all_finite(output) and _all_finite(args):
-            inner = [q for q in self.found if q.startswith(qual + ".") or not qual]
-            if not inner:            # the innermost module that overflowed, not its parents
-                self.found[qual] = module
-        return None
-
-
-class _Autocast(_Replay):
-    """torch.autocast in `dtype`: real FP16/BF16 arithmetic."""
-
-    def __init__(self, shadow, device_type, dtype, keep, found):
-        super().__init__(shadow, keep, found)
-        self.device_type, self.dtype = device_type, dtype
-
-    def _enter(self):
-        import torch
-
-        self._autocast = torch.autocast(self.device_type, dtype=self.dtype)
-        self._autocast.__enter__()
-
-    def _exit(self):
-        self._autocast.__exit__(None, None, None)
-
-
-GEMM_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear")
-
-
-class _FakeQuant(_Replay):
-    """FP32 arithmetic with each GEMM module's input, weight and output gradient fake-quantised in `lim`'s
-    format with a current per-tensor scale."""
-
-    def __init__(self, shadow, lim, keep, found):
-        super().__init__(shadow, keep, found)
-        self.lim = lim
-
-    def parameters(self, params: dict) -> dict:
-        out = dict(params)
-        for qual, module in self.shadow.core.named_modules():
-            if type(module).__name__ in GEMM_TYPES and module not in self.keep:
-                key = f"{qual}.weight" if qual else "weight"
-                if key in out:
-                    out[key] = _quantize(out[key], self.lim)
-        return out
-
-    def _pre(self, module, args):
-        import torch
-
-        if type(module).__name__ in GEMM_TYPES and module not in self.keep:
-            return tuple(_quantize(a, self.lim) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                         for a in args)
-        return None
-
-    def _post(self, module, args, output):
-        import torch
-
-        super()._post(module, args, output)
-        if type(module).__name__ in GEMM_TYPES and module not in self.keep and isinstance(output, torch.Tensor) \
-                and output.requires_grad:
-            return _GradientQuantizer.apply(output, self.lim)
-        return None
-
-
-def _quantize(x, lim):
-    """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
-    from ..rounding import quantize
-
-    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
-    scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
-    return quantize(x * scale, lim.fmt, saturate=True) / scale
-
-
-class _GradientQuantizer:
-    """Identity forward; backward: the incoming gradient fake-quantised (made on first use: torch loads late)."""
-
-    _function = None
-
-    @classmethod
-    def apply(cls, x, lim):
-        if cls._function is None:
-            import torch
-
-            class Function(torch.autograd.Function):
-                @staticmethod
-                def forward(ctx, x, lim):
-                    ctx.lim = lim
-                    return x.view_as(x)
-
-                @staticmethod
-                def backward(ctx, grad):
-                    return _quantize(grad.detach(), ctx.lim), None
-
-            cls._function = Function
-        return cls._function.apply(x, lim)
-
-
 # ------------------------------------------------------------------ helpers
-def _float_leaves(output) -> list:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _all_finite(value) -> bool:
-    import torch
-
-    return all(bool(torch.isfinite(t).all()) for t in _float_leaves(value))
-
-
 def _halves(capture):
     """Two captures, each with half of the batch (dim 0 of the first tensor input), or None when the batch
     cannot be halved: fewer than 2 samples, or an output gradient that is neither batched nor a scalar."""
