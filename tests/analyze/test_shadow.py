@@ -269,3 +269,16 @@ def test_a_failing_replay_stops_shadowing_and_never_the_run():
     report = w.report()
     assert report.shadow is None and report.verdict("fc", "fp16") in ("ok", "loss_scale", "fp32")
     assert any("this model refuses autocast" in note for note in report.run["notes"])
+
+
+def test_the_command_line_takes_shadow_every(tmp_path, capsys):
+    from fpsim import cli
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    assert cli.main(["analyze", "--shadow-every", "4", "--formats", "fp16", "--out", str(out), "-q",
+                     str(script)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["shadow"]["every"] == 4 and data["summary"]["fp16"]["loss_scale_layers"] == ["AuxHead.aux"]
+    assert "verdicts from shadow steps" in capsys.readouterr().out
