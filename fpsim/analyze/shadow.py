@@ -192,6 +192,9 @@ class ShadowSteps:
         out = list(self.notes)
         if self.error is not None:
             out.append(f"shadow steps stopped after an error: {self.error}")
+        if not self.record.count and self.error is None and not self.notes:
+            out.append("no step was shadowed (no forward of the model with gradients before an optimizer step of "
+                       "it, as with closure-based optimizers): verdicts from value counts")
         if self.skipped_formats:
             out.append(f"no shadow steps for {', '.join(self.skipped_formats)} (autocast runs fp16 and bf16; "
                        f"per-tensor scaling is for formats of 8 bits or fewer): value counts only")
