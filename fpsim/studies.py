@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 STUDIES = ("format_ranges", "gradient_underflow", "loss_scale_sweep", "accumulation_error", "tensorcore_probes",
-           "emulated_training")
+           "emulated_training", "verdict_agreement")
 """Study names, in the order docs/studies.md presents them."""
 
 

@@ -109,6 +109,14 @@ def test_loss_scale_sweep_overflows_above_the_window(results):
     assert all(f == f for e, f in finals.items() if e <= hi)               # no NaN at or below the window's top
 
 
+def test_verdict_agreement_every_row_agrees_with_real_training(results):
+    """The oracle is inside the study: real CPU autocast FP16/BF16 training of each model."""
+    values = _result(results, "verdict_agreement").values
+    assert values["all_agree"], {k: v for k, v in values.items() if isinstance(v, dict) and not v["agrees"]}
+    aux = next(v for k, v in values.items() if k.startswith("planted: aux_head"))
+    assert aux["fp16"] > 2 * aux["fp32"] and aux["fp16_recommendation"][1] > 0
+
+
 def test_cli_lists_and_runs_a_study(tmp_path):
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):

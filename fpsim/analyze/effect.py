@@ -58,6 +58,17 @@ class Mass:
             raise ValueError(f"raw mass must have shape ({MASS_SIZE},), got {raw.shape}")
         return cls(raw[:256].copy(), raw[256:].copy())
 
+    def to_dict(self) -> dict:
+        """report.json's form: the nonzero fields only, {"fields": [F, ...], "l1": [...], "l2": [...]}."""
+        fields = np.flatnonzero((self.l1 != 0) | (self.l2 != 0))
+        return {"fields": fields.tolist(), "l1": self.l1[fields].tolist(), "l2": self.l2[fields].tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Mass":
+        l1, l2 = np.zeros(256), np.zeros(256)
+        l1[data["fields"]], l2[data["fields"]] = data["l1"], data["l2"]
+        return cls(l1, l2)
+
     @property
     def total_l1(self) -> float:
         return float(self.l1.sum())

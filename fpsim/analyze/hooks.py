@@ -35,6 +35,7 @@ from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
+from .shadow import ShadowSteps
 from .signals import Terminated, deferred_signals
 from .store import Store
 
@@ -84,6 +85,11 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
         ends, also when the run raises or is interrupted.
     on_step: called with the step number after each step (progress displays).
     step_capacity: how many per-step gradient amax entries to keep.
+    shadow_every: replay every N-th step in each format (shadow steps, see
+        fpsim.analyze.shadow) and judge layers by the measured gradient error
+        against their noise floor (default None: value counts only).
+    shadow_scales: log2 of the candidate loss scales the shadow steps try for
+        formats narrower than FP32 (default 0, 8, 16).
     """
     return Watcher(model, formats, **options)
 
@@ -93,12 +99,14 @@ class Watcher:
 
     def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, ops: bool = True,
                  every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
-                 scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536):
+                 scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536,
+                 shadow_every: int | None = None, shadow_scales=None):
         import torch
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
+        self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (count every N-th step), got {every!r}")
         if not isinstance(ops, bool):
@@ -229,6 +237,8 @@ class Watcher:
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
             self._refresh()
+            if self.shadow is not None and self.model is not None:
+                self._attach_shadow(self.model)
             self._tracer.attach()
             if self._optimizer is not None:
                 self._handles += [self._optimizer.register_step_pre_hook(self._on_step_pre),
@@ -281,6 +291,8 @@ class Watcher:
         self._wake(False)
         self._drop_forward_hook()
         self._tracer.close()
+        if self.shadow is not None:
+            self.shadow.close()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -376,6 +388,8 @@ class Watcher:
             self._forward_since_step = True
             if self.names.new_names:
                 self._refresh()
+            if self.shadow is not None and self.shadow.wants_root and self.names.is_root(name):
+                self._attach_shadow(module)
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
@@ -392,6 +406,11 @@ class Watcher:
                     t.register_hook(self._gradient_hook(record))        # dies with the tensor: never on a leaf
         except Exception as err:
             self._fail(err)
+
+    def _attach_shadow(self, model) -> None:
+        """Give the shadow steps their root: the model, or (model=None) the first root with parameters to run."""
+        if any(True for _ in unwrap(model).parameters()):
+            self.shadow.attach(model, unwrap(model), self.names.get, self._tracer.busy, lambda: self.step)
 
     def _note_autocast(self) -> None:
         import torch
@@ -442,6 +461,8 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
+        if self.shadow is not None:          # before the step: the parameters are still those of the forward
+            self.shadow.before_step(self._inverse_scale)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)   # args: (optimizer, ...)
         if closure is None:                  # the step's own arithmetic is not the model's: no interception
             self._tracer.intercept(False)
@@ -562,6 +583,8 @@ class Watcher:
             self._store.flush(self.step)
         self._counted = {}
         self._tracer.forget_graph()
+        if self.shadow is not None:
+            self.shadow.forget()
         self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0
@@ -717,6 +740,8 @@ class Watcher:
                              f"under {group[0] if group[0] in self._types else name}")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
+        if self.shadow is not None:
+            notes.extend(self.shadow.describe())
         return notes
 
     def report(self, *, underflow_threshold=None, fp8_margin=None, scale_range=None):
@@ -749,9 +774,13 @@ class Watcher:
             "kinds": list(self.kinds), "ops": self.ops, "world_size": world, "seconds": round(elapsed, 3),
             "precision": self.precision(), "notes": self.notes(),
         }
+        if getattr(self, "_label", None):   # the watched model's class (else the report guesses from its records)
+            run["model"] = self._label
         dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self.dtypes().items()}
+        shadow = self.shadow.evidence() if self.shadow is not None and self.shadow.record.count else None
         return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
-                            tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden))
+                            tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden),
+                            shadow=shadow)
 
 
 # ------------------------------------------------------------------ helpers

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 
+from .effect import Mass
 from .gradscaler import GradScalerPrediction
 from .histogram import Log2Histogram
 from .verdicts import Layer, LossScale, Settings, TensorStats, Verdict
@@ -73,8 +74,31 @@ def report_from_dict(data: dict):
     loss_scale = {name: _loss_scale(name, d, modules) for name, d in data["loss_scale"].items()}
     gradscaler = {name: _gradscaler(name, d) for name, d in data["gradscaler"].items()}
     findings = [layer for layer in layers if layer.is_op]
+    shadow, counted, shadow_evidence = _shadow(data, modules)
     return Report(limits, settings, dict(data["run"]), layers, verdicts, loss_scale, gradscaler,
-                  data["fp8_recipe"], 0, ops, findings)
+                  data["fp8_recipe"], 0, ops, findings, shadow, counted, shadow_evidence)
+
+
+def _shadow(data: dict, modules: list):
+    """What shadow steps measured, as Report keeps it: the run's summary, the value-count verdicts and loss
+    scales they replaced, and each layer's measured evidence (the layer evidence that holds `counts`)."""
+    summary = data.get("shadow")
+    if summary is None:
+        return None, None, {}
+    evidence, reasons = {}, {}
+    for entry in data["layers"]:
+        for fmt, ev in entry.get("evidence", {}).items():
+            if "counts" in ev:
+                evidence.setdefault(entry["name"], {})[fmt] = {k: v for k, v in ev.items()
+                                                               if k not in ("counts", "counted_reason")}
+                reasons.setdefault(entry["name"], {})[fmt] = ev.get("counted_reason", "")
+    counted = None
+    if "counted_verdicts" in summary:
+        counted = {"verdicts": {name: {f: Verdict(v, reasons.get(name, {}).get(f, "")) for f, v in by.items()}
+                                for name, by in summary["counted_verdicts"].items()},
+                   "loss_scale": {name: _loss_scale(name, d, modules)
+                                  for name, d in summary["counted_loss_scale"].items()}}
+    return dict(summary), counted, evidence
 
 
 def _float(value):
@@ -114,8 +138,10 @@ def _layer(entry: dict, limits) -> Layer:
                     count = round(fe["lost_updates"] * hist.nonzero)
                 if count is not None:
                     lost[lim.name] = int(count)
+        mass = Mass.from_dict(t["mass_per_binade"]) if "mass_per_binade" in t else None
         tensors[kind] = TensorStats(entry["name"], kind, hist, _float(t["amax"]), t["first_nonfinite_step"],
-                                    int(t["samples"]), lost, inf_overflow_threshold(entry["name"], entry["dtypes"]))
+                                    int(t["samples"]), lost, inf_overflow_threshold(entry["name"], entry["dtypes"]),
+                                    mass)
     return Layer(entry["name"], entry["type"], tensors, dict(entry["dtypes"]), list(entry["tied_with"]))
 
 

@@ -52,6 +52,9 @@ class Report:
     rank: int = 0
     ops: list = dataclasses.field(default_factory=list)       # every op site observed (Layer, type "op")
     findings: list = dataclasses.field(default_factory=list)  # the ops among `layers` that judge worse
+    shadow: dict | None = None        # what the shadow steps measured (shadow.ShadowSteps.evidence), when run
+    counted: dict | None = None       # with shadow steps: the value-count verdicts and loss scales they replace
+    shadow_evidence: dict = dataclasses.field(default_factory=dict)  # layer -> {format: evidence}
 
     @classmethod
     def load(cls, path) -> "Report":
@@ -108,6 +111,7 @@ class Report:
             "loss_scale": {name: ls.to_dict() for name, ls in self.loss_scale.items()},
             "gradscaler": {name: p.to_dict() for name, p in self.gradscaler.items()},
             "fp8_recipe": self.fp8,
+            "shadow": self.shadow_summary(),
             "summary": self.summary(),
             "layers": [self._entry(layer) for layer in self.layers],
             "ops": [{"name": op.name, "module": op.module, "op": op.name.rpartition(":")[2],
@@ -128,6 +132,8 @@ class Report:
                 "amax": _num(t.amax), "first_nonfinite_step": t.first_nonfinite_step,
                 "log2_histogram": t.hist.to_dict(), "formats": {},
             }
+            if t.mass is not None:     # sum |x| and x^2 per float32 exponent field: the effect numbers' source
+                entry["mass_per_binade"] = t.mass.to_dict()
             for lim in self.limits:
                 fe = {"underflow": t.underflow_fraction(lim), "subnormal": t.subnormal_fraction(lim),
                       "overflow": t.overflow_fraction(lim)}
@@ -168,10 +174,38 @@ class Report:
             "verdicts": {f: v.verdict for f, v in verdicts.items()},
             "reasons": {f: v.reason for f, v in verdicts.items()},
             "details": {f: v.to_dict() for f, v in verdicts.items()},
-            "evidence": {f: _evidence(layer, lim, self.loss_scale[lim.name]) for f, lim in
-                         ((lim.name, lim) for lim in self.limits)},
+            "evidence": {lim.name: self._layer_evidence(layer, lim) for lim in self.limits},
             "tensors": tensors,
         })
+        return out
+
+    def _layer_evidence(self, layer, lim) -> dict:
+        """Shadow-step evidence (with the value counts inside, as `counts`) where measured, else the counts."""
+        counts = _evidence(layer, lim, (self.counted or {}).get("loss_scale", self.loss_scale).get(
+            lim.name, self.loss_scale[lim.name]))
+        measured = self.shadow_evidence.get(layer.name, {}).get(lim.name)
+        if measured is None:
+            return counts
+        out = dict(measured)
+        if self.counted is not None:
+            out["counted_reason"] = self.counted["verdicts"][layer.name][lim.name].reason
+        out["counts"] = counts
+        return out
+
+    def shadow_summary(self) -> dict | None:
+        """How the shadow steps ran and the rule they judged by (None without shadow steps)."""
+        if self.shadow is None:
+            return None
+        from .evidence import FALLBACK_THRESHOLD, MARGIN, MAX_TOLERATED_ERROR, MIN_TOLERATED_ERROR
+
+        keep = ("every", "scales_log2", "formats", "shadowed_steps", "steps", "unsplit_steps", "overflow_sources")
+        out = {k: self.shadow[k] for k in keep if k in self.shadow}
+        out["rule"] = {"margin": MARGIN, "min_tolerated_error": MIN_TOLERATED_ERROR,
+                       "max_tolerated_error": MAX_TOLERATED_ERROR, "fallback_threshold": FALLBACK_THRESHOLD}
+        if self.counted is not None:
+            out["counted_loss_scale"] = {n: ls.to_dict() for n, ls in self.counted["loss_scale"].items()}
+            out["counted_verdicts"] = {name: {f: v.verdict for f, v in by.items()}
+                                       for name, by in self.counted["verdicts"].items()}
         return out
 
     def summary(self) -> dict:
@@ -191,6 +225,15 @@ class Report:
                                              > SEVERITY[self.verdicts.get(op.module, {}).get(
                                                  lim.name, _OK).verdict]],
                              "lost_updates": lost.get(lim.name)}
+            out[lim.name]["basis"] = "value counts"
+            if self.counted is not None and any(lim.name in e for e in self.shadow_evidence.values()):
+                from .evidence import scale_reason
+
+                out[lim.name]["basis"] = "shadow steps"
+                out[lim.name]["loss_scale_reason"] = scale_reason(
+                    lim, self.loss_scale[lim.name] if not lim.per_tensor_scaled else None,
+                    {n: e[lim.name] for n, e in self.shadow_evidence.items() if lim.name in e})
+                out[lim.name]["reasons"] = {n: self.verdicts[n][lim.name].reason for n in by["fp32"] + by["loss_scale"]}
         return out
 
     def lost_updates(self) -> dict:
@@ -377,12 +420,14 @@ def _evidence(layer, lim, choice) -> dict:
 
 
 def build_report(snapshot, limits: list, settings: Settings, run: dict, types: dict, rank: int = 0,
-                 dtypes: dict | None = None, tied: dict | None = None, hidden=frozenset()) -> Report:
+                 dtypes: dict | None = None, tied: dict | None = None, hidden=frozenset(), shadow=None) -> Report:
     """Layers, op sites, verdicts, loss scales, FP8 recipe and GradScaler replay from a store Snapshot.
 
     types: record name -> module class name, or "op" for an op site.
     dtypes: record name -> {dtype name: tensors} (the dtypes ops produced).
     hidden: module records kept only to compare their ops with (modules outside the selection).
+    shadow: what shadow steps measured (ShadowSteps.evidence()): the module layers they measured are judged
+        by it (evidence.py); the value-count verdicts and loss scales stay in Report.counted.
     """
     dtypes, tied = dtypes or {}, tied or {}
     entries: dict = {}
@@ -414,10 +459,25 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
             prediction = simulate_gradscaler(snapshot.step_amax, snapshot.steps_per_entry, run.get("steps", 0), lim)
             if prediction is not None:
                 gradscaler[lim.name] = prediction
+    counted, shadow_evidence = None, {}
+    if shadow is not None:
+        from .evidence import judge
+
+        counted = {"verdicts": {n: dict(v) for n, v in verdicts.items()}, "loss_scale": dict(loss_scale)}
+        for lim in limits:
+            judged, choice, evidence = judge(modules, lim, shadow,
+                                             {m.name: verdicts[m.name][lim.name] for m in modules},
+                                             loss_scale[lim.name])
+            for name, verdict in judged.items():
+                verdicts[name][lim.name] = verdict
+            for name, ev in evidence.items():
+                shadow_evidence.setdefault(name, {})[lim.name] = ev
+            if choice is not None:
+                loss_scale[lim.name] = choice
     findings = [op for op in ops if _worse_than_module(op, verdicts, limits)]
     run = {**run_metadata(types), **run}
     return Report(limits, settings, run, modules + findings, verdicts, loss_scale, gradscaler,
-                  fp8_recipe(modules, limits, settings), rank, ops, findings)
+                  fp8_recipe(modules, limits, settings), rank, ops, findings, shadow, counted, shadow_evidence)
 
 
 def run_metadata(types: dict) -> dict:

@@ -103,6 +103,7 @@ def summary_table(report) -> str:
             lines.append(f"  ... {len(op_rows) - MAX_FINDING_ROWS} more rows in report.json")
         reasons = _finding_reasons(report, formats)
         lines.extend(f"  {text}" for text in reasons[:6])
+    lines.extend(shadow_lines(report))
     lines.append("")
     lines.append("loss scale (one global scale for the gradients; FP8 rows are for reference, their verdicts "
                  "use per-tensor scales):")
@@ -148,6 +149,25 @@ def summary_table(report) -> str:
         tail += "; first Inf/NaN: " + ", ".join(f"{n} at step {s}" for n, s in bad[:5])
     lines.append(tail)
     return "\n".join(lines)
+
+
+def shadow_lines(report) -> list:
+    """How the verdicts were reached when shadow steps ran, and the reason of each layer that needs help."""
+    shadow = report.shadow_summary()
+    if not shadow:
+        return []
+    rule = shadow["rule"]
+    lines = ["", f"verdicts from shadow steps ({shadow['shadowed_steps']} steps replayed, every {shadow['every']}; "
+                 f"{', '.join(shadow['formats'])}): a layer needs loss scaling or FP32 only when its gradient error "
+                 f"exceeds {rule['margin']:g} x its noise floor (kept within {rule['min_tolerated_error']:g}.."
+                 f"{rule['max_tolerated_error']:g}); value-count verdicts: report.json"]
+    for lim in report.limits:
+        for layer in report.layers:
+            v = report.verdicts[layer.name][lim.name]
+            if not layer.is_op and v.verdict != "ok" and layer.name in report.shadow_evidence \
+                    and not (lim.per_tensor_scaled and v.verdict == "loss_scale"):   # per-tensor scales: the norm
+                lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")
+    return lines[:24]
 
 
 def _finding_reasons(report, formats) -> list:

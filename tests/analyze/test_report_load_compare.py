@@ -21,10 +21,10 @@ from fpsim.cli import main
 CUSTOM = fpsim.Format(exp_bits=5, man_bits=4, bias=11, nan="fn", name="e5m4")
 
 
-def observed_run(folder, seed: int, steps: int, formats):
+def observed_run(folder, seed: int, steps: int, formats, **options):
     torch.manual_seed(seed)
     model = SensorNet(hidden=16, depth=3)
-    with watch(model, formats=formats) as w:
+    with watch(model, formats=formats, **options) as w:
         train(model, sensor_data(samples=512), steps, batch=128)
     report = w.report()
     report.save(folder)
@@ -53,6 +53,17 @@ def test_a_loaded_report_gives_the_json_it_was_loaded_from(runs, tmp_path):
     assert loaded.verdict("body.0", "fp16") == report.verdict("body.0", "fp16")
     op = next(o for o in report.ops if o not in report.findings)
     assert loaded.verdict(op.name, "bf16") == report.verdict(op.name, "bf16")
+
+
+def test_a_loaded_shadowed_report_keeps_its_evidence(tmp_path):
+    """Shadow-step evidence, the value-count verdicts it replaced and the mass per binade come back."""
+    report = observed_run(tmp_path, 2, 4, ("fp16", "bf16"), shadow_every=2)
+    assert report.shadow is not None and report.shadow_evidence
+    written = json.loads((tmp_path / "report.json").read_text())
+    loaded = fpsim.Report.load(tmp_path)
+    assert json.loads(loaded.to_json()) == written
+    assert any("mass_per_binade" in t for layer in written["layers"] for t in layer["tensors"].values())
+    assert loaded.summary() == report.summary()
 
 
 def test_load_refuses_what_is_not_a_report(tmp_path):

@@ -1,0 +1,120 @@
+"""Cost of shadow steps: step time with fpsim.watch(every=10, shadow_every=10) against the same training unobserved.
+
+    python benchmarks/bench_shadow.py [--models demo,gpt] [--repeats 3] [--threads 1]
+
+Each model trains from the same initial weights, interleaved `repeats` times:
+unobserved; observed every 10th step (the peer: watch without shadow steps);
+observed and shadowed every 10th step, with the default formats (fp16, bf16,
+e4m3, e5m2) and with bf16 alone. A run's time is the mean step time over
+steps 10..29 (two shadowed steps in twenty, exactly one in ten); a
+configuration's time is the fastest of its runs. Target: shadowed every 10th
+step <= 1.3x the unobserved run.
+
+A shadow step replays the step's forward and backward in FP32 (the
+reference), on each half of the batch (the noise floor) and in each format;
+FP16 and BF16 run in torch.autocast, whose CPU kernels are much slower than
+FP32 ones (no FP16 matrix units). That cost is printed beside: the step time
+of real CPU autocast FP16 and BF16 training against FP32, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+from torch import nn
+
+from fpsim.analyze import watch
+from fpsim.analyze.demo import DEMO_BATCH, SensorNet, sensor_data
+from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
+
+WARMUP, MEASURED = 10, 20
+
+
+def demo_model():
+    data = sensor_data()
+    g = torch.Generator().manual_seed(1)
+
+    def batch():
+        i = torch.randint(0, 12288, (DEMO_BATCH,), generator=g)
+        return (data["readings"][i], data["pressure"][i]), data["label"][i]
+
+    torch.manual_seed(0)
+    return "demo model (SensorNet, batch 1024, Adam)", SensorNet(), batch, nn.functional.cross_entropy
+
+
+def small_gpt():
+    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    batches = token_batches(cfg, 16, 10**5)
+    torch.manual_seed(0)
+
+    def loss_fn(logits, y):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    def batch():
+        x, y = next(batches)
+        return (x,), y
+    return "GPT (2 layers x 64, batch 16 x 64 tokens, Adam)", GPT(cfg), batch, loss_fn
+
+
+MODELS = {"demo": demo_model, "gpt": small_gpt}
+
+
+def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> float:
+    """Mean seconds per step over steps WARMUP..WARMUP+MEASURED-1; under watch(**options) when given."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    w = watch(model, **options).attach() if options is not None else None
+    try:
+        for step in range(WARMUP + MEASURED):
+            if step == WARMUP:
+                start = time.perf_counter()
+            x, y = batch()
+            if autocast is not None:
+                with torch.autocast("cpu", dtype=autocast):
+                    out = model(*x)
+            else:
+                out = model(*x)
+            loss = loss_fn(out.float(), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return (time.perf_counter() - start) / MEASURED
+    finally:
+        if w is not None:
+            w.close()
+
+
+CONFIGS = {
+    "unobserved": None,
+    "watch every 10 (peer)": {"every": 10},
+    "watch + shadow every 10": {"every": 10, "shadow_every": 10},
+    "watch + shadow every 10, bf16 only": {"every": 10, "shadow_every": 10, "formats": ("bf16",)},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="demo,gpt")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for key in args.models.split(","):
+        title, model, batch, loss_fn = MODELS[key]()
+        times = {name: [] for name in [*CONFIGS, "autocast fp16 training", "autocast bf16 training"]}
+        for _ in range(args.repeats):
+            for name, options in CONFIGS.items():
+                times[name].append(timed_run(model, batch, loss_fn, options))
+            times["autocast fp16 training"].append(timed_run(model, batch, loss_fn, None, torch.float16))
+            times["autocast bf16 training"].append(timed_run(model, batch, loss_fn, None, torch.bfloat16))
+        base = min(times["unobserved"])
+        print(f"{title}: {MEASURED} steps after {WARMUP}, best of {args.repeats}, {args.threads} thread(s)")
+        for name, values in times.items():
+            print(f"  {name:<36} {min(values) * 1e3:9.2f} ms/step  {min(values) / base:6.2f}x unobserved")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Verdicts from measured effect: shadow-step gradient errors against the FP32 gradient's own noise floor.
+
+A layer's low-precision gradient error *stands out* when it exceeds its
+threshold: MARGIN times its noise floor, held within [MIN_TOLERATED_ERROR,
+MAX_TOLERATED_ERROR] (an error below 1% never matters next to SGD's noise; a
+layer that loses more than half of its gradient always does), or
+FALLBACK_THRESHOLD when no floor could be measured (batches of one sample).
+The errors and floors are means over the shadowed steps (shadow.py), so that
+verdicts do not drift with run length. For a format with one global loss scale:
+
+- `fp32` for an overflow source (its output turned non-finite from finite
+  inputs in the replay), and for a layer that stands out at every candidate;
+- the recommended scale is the smallest candidate at which no served layer
+  stands out and no gradient is non-finite (the layers served by the most
+  candidates otherwise); a format with FP32's exponent range (bf16) is only
+  replayed at scale 1;
+- `ok` when the layer does not stand out at scale 1, whatever its value
+  counts say; `loss_scale` when it stands out at 1 and not at the
+  recommended scale.
+
+Per-tensor-scaled formats (FP8) are replayed with current per-tensor scales:
+`fp32` when the layer stands out, else the counted verdict (`ok`: fits
+unscaled, `loss_scale`: needs its per-tensor scales), `loss_scale` where the
+counts said fp32 but the scaled replay shows no effect.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .verdicts import LossScale, Verdict
+
+MARGIN = 1.0
+MIN_TOLERATED_ERROR = 0.01
+MAX_TOLERATED_ERROR = 0.5
+FALLBACK_THRESHOLD = 0.1
+
+
+def threshold(floor) -> float:
+    """The gradient error above which a layer stands out, from its noise floor (None: not measured)."""
+    if floor is None:
+        return FALLBACK_THRESHOLD
+    return min(max(MARGIN * floor, MIN_TOLERATED_ERROR), MAX_TOLERATED_ERROR)
+
+
+def _passes(m: dict | None, limit: float) -> bool:
+    return m is not None and m["nonfinite_steps"] == 0 and m["grad_rel_error"] <= limit
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "non-finite"
+    return f"{x:.3g}"
+
+
+def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossScale):
+    """Shadow-step verdicts for one format.
+
+    layers: the report's module layers; shadow: ShadowRecord.to_dict();
+    counted: {layer name: counted Verdict}. Returns ({layer: Verdict},
+    LossScale or None when no layer has evidence, {layer: evidence dict}).
+    Layers without shadow evidence (no gradient reached them) keep their counted verdict.
+    """
+    fmt = lim.name
+    sources = shadow.get("overflow_sources", {}).get(fmt, {})
+    steps = shadow.get("shadowed_steps", 0)
+    measured = {}
+    for layer in layers:
+        entry = shadow["layers"].get(layer.name)
+        if entry is not None and fmt in entry["formats"]:
+            measured[layer.name] = (entry["formats"][fmt], entry["noise_floor"])
+    if not measured and not sources:
+        return {}, None, {}
+    scales = sorted({s for by_scale, _ in measured.values() for s in by_scale})
+    limits = {name: threshold(floor) for name, (_, floor) in measured.items()}
+    judged = [name for name in measured if name not in sources]
+
+    def passing(s):
+        return [n for n in judged if _passes(measured[n][0].get(s), limits[n])]
+
+    recommended = None
+    if not lim.per_tensor_scaled and scales:
+        best = max(scales, key=lambda s: (len(passing(s)), -s))
+        recommended = next((s for s in scales if len(passing(s)) == len(judged)), best)
+    choice = None
+    if recommended is not None:
+        served = passing(recommended)
+        top = recommended
+        for s in scales[scales.index(recommended) + 1:]:
+            if set(served) - set(passing(s)):
+                break
+            top = s
+        names = [layer.name for layer in layers]
+        choice = LossScale(fmt, recommended, recommended, top, [n for n in names if n in served],
+                           [n for n in names if n not in served and n in measured],
+                           (scales[0], scales[-1]))
+    verdicts, evidence = {}, {}
+    for name, (by_scale, floor) in measured.items():
+        limit = limits[name]
+        at1 = by_scale.get(0)
+        ev = {"basis": "shadow steps", "steps": at1["steps"] if at1 else 0, "noise_floor": floor,
+              "threshold": limit, "margin": MARGIN,
+              "grad_rel_error": at1["grad_rel_error"] if at1 else None,
+              "cosine": at1["cosine"] if at1 else None,
+              "share_zeroed": at1["share_zeroed"] if at1 else None,
+              "share_nonfinite": at1["share_nonfinite"] if at1 else None,
+              "stands_out": not _passes(at1, limit), "overflow_source_steps": sources.get(name, 0),
+              "by_scale_log2": {str(s): m for s, m in sorted(by_scale.items())}}
+        quote = (f"{fmt} shadow steps ({ev['steps']}): gradient error {_num(ev['grad_rel_error'])} at scale 1, "
+                 f"noise floor {_num(floor)} (threshold {_num(limit)})")
+        if at1 is not None and at1["share_zeroed"]:
+            quote += f", {at1['share_zeroed']:.2%} of its norm lost to zeros"
+        if at1 is not None and at1["nonfinite_steps"]:
+            quote += f", non-finite on {at1['nonfinite_steps']} of {at1['steps']} steps"
+        if recommended is not None:
+            ev["recommended_scale_log2"] = recommended
+            ev["grad_rel_error_at_recommended"] = by_scale.get(recommended, {}).get("grad_rel_error")
+        if name in sources:
+            verdicts[name] = Verdict("fp32", f"its output overflows {fmt} in the replay (non-finite from finite "
+                                     f"inputs) on {sources[name]} of {steps} shadowed steps; {quote}", None)
+        elif not ev["stands_out"]:
+            verdicts[name] = Verdict("ok", quote + ": within the noise the FP32 gradient already carries",
+                                     tensor_scales=counted[name].tensor_scales)
+            if lim.per_tensor_scaled and counted[name].verdict != "ok":
+                verdicts[name] = Verdict("loss_scale", quote + ": within the noise with per-tensor scales",
+                                         tensor_scales=counted[name].tensor_scales)
+        elif lim.per_tensor_scaled:
+            verdicts[name] = Verdict("fp32", quote + ": stands out even with per-tensor scales",
+                                     tensor_scales=counted[name].tensor_scales)
+        elif recommended and _passes(by_scale.get(recommended), limit):
+            verdicts[name] = Verdict("loss_scale", f"{quote}; at the recommended scale 2^{recommended} the error "
+                                     f"is {_num(ev['grad_rel_error_at_recommended'])}")
+        else:
+            tried = ", ".join(f"2^{s}: {_num(m['grad_rel_error'])}" for s, m in sorted(by_scale.items()))
+            verdicts[name] = Verdict("fp32", f"{quote}; no candidate scale brings it under its threshold ({tried})",
+                                     None)
+        ev["counted_verdict"] = counted[name].verdict
+        evidence[name] = ev
+    for name, n in sources.items():      # an overflow source whose own gradient was not measured
+        if name not in verdicts and name in counted:
+            verdicts[name] = Verdict("fp32", f"its output overflows {fmt} in the replay (non-finite from finite "
+                                     f"inputs) on {n} of {steps} shadowed steps", None)
+            evidence[name] = {"basis": "shadow steps", "overflow_source_steps": n,
+                              "counted_verdict": counted[name].verdict}
+    return verdicts, choice, evidence
+
+
+def scale_reason(lim, choice: LossScale | None, evidence: dict) -> str | None:
+    """The summary's sentence for a format's recommended scale, quoting the worst layer it serves."""
+    if choice is None:
+        return None
+    r = choice.recommended_log2
+    served = [(evidence[n].get("by_scale_log2", {}).get(str(r), {}).get("grad_rel_error"), n) for n in choice.served
+              if n in evidence]
+    served = [(e, n) for e, n in served if e is not None]
+    text = f"scale 2^{r}: the smallest candidate at which no served layer stands out of its noise floor"
+    if served:
+        e, n = max(served, key=lambda x: x[0] / evidence[x[1]]["threshold"])
+        text += f" (closest: {n}, error {_num(e)} vs threshold {_num(evidence[n]['threshold'])})"
+    if choice.unserved:
+        text += f"; not served: {', '.join(choice.unserved[:6])}"
+    return text

@@ -1,0 +1,194 @@
+"""How a shadow step replays a step in a format: context managers around one functional_call forward.
+
+`FP32` is the reference (autocast off). `Autocast` runs torch.autocast in
+FP16 or BF16, real low-precision arithmetic. `FakeQuant` runs FP32 arithmetic
+with every GEMM module's (Linear, Conv, Bilinear) input and weight, and the
+gradient arriving at its output, fake-quantised in a per-tensor-scaled format
+with a current scale (max / amax, as fpsim.recipes.CurrentScaling) and a
+straight-through gradient. `Autocast` and `FakeQuant` watch every module of
+the root for overflow sources (an output non-finite from finite inputs: the
+innermost such module, recorded in `found`) and run the modules in `keep`
+outside autocast, their floating inputs cast to FP32.
+"""
+
+from __future__ import annotations
+
+import math
+
+class FP32:
+    """The reference: autocast off, the parameters as they are."""
+
+    def __init__(self, device_type):
+        import torch
+
+        self._autocast = torch.autocast(device_type, enabled=False)
+
+    def parameters(self, params: dict) -> dict:
+        return params
+
+    def __enter__(self):
+        self._autocast.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._autocast.__exit__(*exc)
+        return False
+
+
+class Replay:
+    """A context for one replay: watches every module of the root for overflow sources (output non-finite
+    from finite inputs) and runs the modules in `keep` in FP32."""
+
+    def __init__(self, core, module_names, keep, found):
+        self.core, self.module_names, self.keep, self.found = core, module_names, keep, found
+        self._handles: list = []
+        self._inner: list = []
+
+    def parameters(self, params: dict) -> dict:
+        return params
+
+    def __enter__(self):
+        from torch.nn.modules import module as nn_module
+
+        self._enter()
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        while self._inner:
+            self._inner.pop().__exit__(None, None, None)
+        self._exit()
+        return False
+
+    def _enter(self):
+        pass
+
+    def _exit(self):
+        pass
+
+    def _pre(self, module, args):
+        import torch
+
+        if module in self.keep:
+            ctx = torch.autocast(self.device_type, enabled=False)
+            ctx.__enter__()
+            self._inner.append(ctx)
+            return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        return None
+
+    def _post(self, module, args, output):
+        if module in self.keep and self._inner:
+            self._inner.pop().__exit__(None, None, None)
+        qual = self.module_names.get(id(module))
+        if qual is None or qual in self.found or module in self.keep:
+            return None
+        if not all_finite(output) and all_finite(args):
+            inner = [q for q in self.found if q.startswith(qual + ".") or not qual]
+            if not inner:            # the innermost module that overflowed, not its parents
+                self.found[qual] = module
+        return None
+
+
+class Autocast(Replay):
+    """torch.autocast in `dtype`: real FP16/BF16 arithmetic."""
+
+    def __init__(self, core, module_names, device_type, dtype, keep, found):
+        super().__init__(core, module_names, keep, found)
+        self.device_type, self.dtype = device_type, dtype
+
+    def _enter(self):
+        import torch
+
+        self._autocast = torch.autocast(self.device_type, dtype=self.dtype)
+        self._autocast.__enter__()
+
+    def _exit(self):
+        self._autocast.__exit__(None, None, None)
+
+
+GEMM_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear")
+
+
+class FakeQuant(Replay):
+    """FP32 arithmetic with each GEMM module's input, weight and output gradient fake-quantised in `lim`'s
+    format with a current per-tensor scale."""
+
+    def __init__(self, core, module_names, lim, keep, found):
+        super().__init__(core, module_names, keep, found)
+        self.lim = lim
+
+    def parameters(self, params: dict) -> dict:
+        out = dict(params)
+        for qual, module in self.core.named_modules():
+            if type(module).__name__ in GEMM_TYPES and module not in self.keep:
+                key = f"{qual}.weight" if qual else "weight"
+                if key in out:
+                    out[key] = _quantize(out[key], self.lim)
+        return out
+
+    def _pre(self, module, args):
+        import torch
+
+        if type(module).__name__ in GEMM_TYPES and module not in self.keep:
+            return tuple(_quantize(a, self.lim) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                         for a in args)
+        return None
+
+    def _post(self, module, args, output):
+        import torch
+
+        super()._post(module, args, output)
+        if type(module).__name__ in GEMM_TYPES and module not in self.keep and isinstance(output, torch.Tensor) \
+                and output.requires_grad:
+            return _GradientQuantizer.apply(output, self.lim)
+        return None
+
+
+def _quantize(x, lim):
+    """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
+    from ..rounding import quantize
+
+    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
+    return quantize(x * scale, lim.fmt, saturate=True) / scale
+
+
+class _GradientQuantizer:
+    """Identity forward; backward: the incoming gradient fake-quantised (made on first use: torch loads late)."""
+
+    _function = None
+
+    @classmethod
+    def apply(cls, x, lim):
+        if cls._function is None:
+            import torch
+
+            class Function(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, lim):
+                    ctx.lim = lim
+                    return x.view_as(x)
+
+                @staticmethod
+                def backward(ctx, grad):
+                    return _quantize(grad.detach(), ctx.lim), None
+
+            cls._function = Function
+        return cls._function.apply(x, lim)
+
+
+# ------------------------------------------------------------------ helpers
+def float_leaves(output) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def all_finite(value) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in float_leaves(value))

@@ -1,0 +1,464 @@
+"""Shadow steps: replay a sampled training step in low precision and measure what it does to the gradients.
+
+On a shadowed step, before the root model's first forward, its inputs (args
+and kwargs), its buffers and the RNG state are copied; in the real backward,
+the gradient arriving at each of its output tensors is copied too (the loss
+function need not be known). Before the optimizer steps (the parameters are
+still those the forward used), the step is replayed from these with
+torch.func.functional_call on the parameters (detached: no .grad is touched)
+and on copies of the buffers (BatchNorm's running stats of the real model stay
+as they are), with the RNG set to the captured state (the same dropout masks)
+and restored after (the run's RNG stream is untouched):
+
+- FP32 (autocast off): the reference gradient g of every parameter;
+- FP32 on each half of the batch, gA and gB: the noise floor ||gA - gB|| /
+  ||gA + gB|| is the relative noise the FP32 gradient itself carries (the
+  halves' difference has the spread of g's own sampling noise; with per-sample
+  terms summed gA + gB = g, with a mean taken inside the model gA + gB = 2g and
+  gA - gB doubles too, so the ratio holds either way);
+- each loss-scaled format that torch.autocast runs (fp16, bf16): the forward
+  under autocast, real low-precision arithmetic, then one backward per
+  candidate loss scale 2^s, the output gradient multiplied by 2^s and cast to
+  the output's dtype, as a GradScaler'd backward receives it, the weight
+  gradients divided back;
+- per-tensor-scaled formats (FP8, custom formats of 8 bits or fewer): the FP32
+  forward with every Linear/Conv's input and weight, and the gradient arriving
+  at its output, fake-quantised with a current per-tensor scale
+  (CurrentScaling: format max / amax), straight-through gradients.
+
+A module whose low-precision output is non-finite while its inputs are finite
+is an overflow source; the replay is repeated with the sources kept in FP32 (as
+one would), so that the other layers are judged on what remains.
+
+Per layer (the parameters a module holds itself), format and scale: the
+gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
+||g|| lost where g_lp is zero and g is not, and the share of non-finite
+values; per layer the noise floor. `ShadowRecord` sums them over shadowed
+steps (bounded memory); replay.py holds the replay contexts, evidence.py
+turns the sums into verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+from .replay import FP32, Autocast, FakeQuant, float_leaves
+
+NARROW_SCALES_LOG2 = (0, 8, 16)
+"""Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
+AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+MAX_OVERFLOW_PASSES = 3
+"""Replays with more overflow sources kept in FP32 before giving up on finding them all."""
+
+
+@dataclasses.dataclass
+class Sums:
+    """What one (layer, format, scale) measured, summed over shadowed steps."""
+
+    steps: int = 0
+    finite_steps: int = 0
+    rel_error: float = 0.0       # over finite steps
+    cosine: float = 0.0          # over finite steps
+    zeroed_share: float = 0.0    # over finite steps
+    nonfinite_share: float = 0.0  # over all steps
+
+    def add(self, m: dict) -> None:
+        self.steps += 1
+        self.nonfinite_share += m["nonfinite_share"]
+        if m["nonfinite_share"] == 0:
+            self.finite_steps += 1
+            self.rel_error += m["rel_error"]
+            self.cosine += m["cosine"]
+            self.zeroed_share += m["zeroed_share"]
+
+    def means(self) -> dict:
+        n = self.finite_steps
+        return {"steps": self.steps, "nonfinite_steps": self.steps - n,
+                "grad_rel_error": self.rel_error / n if n else math.inf,
+                "cosine": self.cosine / n if n else None,
+                "share_zeroed": self.zeroed_share / n if n else None,
+                "share_nonfinite": self.nonfinite_share / self.steps if self.steps else 0.0}
+
+
+class ShadowRecord:
+    """Sums of the measurements of every shadowed step: per layer its noise floor, per (layer, format, scale)
+    the errors, per format the overflow sources."""
+
+    def __init__(self):
+        self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
+        self.count = 0
+        self.floor: dict = {}                 # layer -> [sum, steps]
+        self.sums: dict = {}                  # (layer, fmt, scale_log2) -> Sums
+        self.sources: dict = {}               # fmt -> {layer: steps it overflowed}
+        self.unsplit_steps = 0                # steps whose batch could not be halved
+
+    def to_dict(self) -> dict:
+        """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}}},
+        "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
+        layers: dict = {}
+        for (layer, fmt, scale), sums in self.sums.items():
+            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}})
+            entry["formats"].setdefault(fmt, {})[scale] = sums.means()
+        for layer, (total, n) in self.floor.items():
+            if layer in layers and n:
+                layers[layer]["noise_floor"] = total / n
+        return {"shadowed_steps": self.count, "steps": list(self.steps), "layers": layers,
+                "overflow_sources": {f: dict(s) for f, s in self.sources.items()},
+                "unsplit_steps": self.unsplit_steps}
+
+
+MAX_LISTED_STEPS = 64
+
+
+@dataclasses.dataclass
+class _Capture:
+    step: int
+    args: tuple
+    kwargs: dict
+    buffers: dict
+    rng: object
+    cuda_rng: list | None
+    grads: list = dataclasses.field(default_factory=list)   # per output leaf: float32 gradient or None
+    handles: list = dataclasses.field(default_factory=list)
+
+
+class ShadowSteps:
+    """Capture and replay for one watched run. `attach(core, ...)` hooks the root model; the watcher calls
+    `before_step(inverse_scale)` from its optimizer pre-step hook and `forget()` at the end of each step."""
+
+    def __init__(self, limits, every: int, scales=None):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"shadow_every must be a positive int (replay every N-th step) or None, got {every!r}")
+        if scales is None:
+            scales = NARROW_SCALES_LOG2
+        try:
+            scales = tuple(sorted({int(s) for s in scales}))
+        except (TypeError, ValueError):
+            raise ValueError(f"shadow_scales must be ints (log2 of the candidate loss scales), got {scales!r}") \
+                from None
+        if not scales or scales[0] != 0 or scales[-1] > 64:
+            raise ValueError(f"shadow_scales must hold 0 (scale 1) and stay <= 64, got {scales!r}")
+        self.every, self.scales = every, scales
+        self.formats = [lim for lim in limits if lim.per_tensor_scaled or lim.name in AUTOCAST_DTYPES]
+        self.skipped_formats = [lim.name for lim in limits if lim not in self.formats]
+        self.record = ShadowRecord()
+        self.core = None
+        self.notes: list = []
+        self.error = None
+        self._capture = None
+        self._handles: list = []
+        self._busy = None
+        self._step_of = None
+        self._groups: list = []               # [(layer name, [parameter names])]
+        self._module_names: dict = {}         # id(module) -> qualified name in core
+        self._layer_names: dict = {}          # id(module) -> the watcher's record name
+        self._escalated: set = set()          # formats whose other candidate scales are replayed
+
+    # ------------------------------------------------------------ life cycle
+    @property
+    def wants_root(self) -> bool:
+        return self.core is None and self.error is None and not self.notes
+
+    def attach(self, model, core, name_of, busy, step_of) -> None:
+        """Hook `core` (the unwrapped root `model`). name_of(module): the watcher's record name or None."""
+        import torch
+
+        if not self.wants_root:
+            return
+        if type(model).__name__ == "OptimizedModule" or isinstance(core, torch.jit.ScriptModule):
+            self.notes.append(f"{name_of(model) or type(core).__name__} is compiled or TorchScript: no shadow steps "
+                              f"(verdicts from value counts)")
+            return
+        self.core, self._busy, self._step_of = core, busy, step_of
+        seen = set()
+        for qual, module in core.named_modules():
+            self._module_names[id(module)] = qual
+            names = []
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                names.append(f"{qual}.{pname}" if qual else pname)
+            self._layer_names[id(module)] = name_of(module) or qual or type(core).__name__
+            if names:
+                self._groups.append((self._layer_names[id(module)], names))
+        self._handles = [core.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
+                         core.register_forward_hook(self._on_forward, with_kwargs=True)]
+
+    def describe(self) -> list:
+        """Notes for the report: what the shadow steps could not do."""
+        out = list(self.notes)
+        if self.error is not None:
+            out.append(f"shadow steps stopped after an error: {self.error}")
+        if not self.record.count and self.error is None and not self.notes:
+            out.append("no step was shadowed (no forward of the model with gradients before an optimizer step of "
+                       "it, as with closure-based optimizers): verdicts from value counts")
+        if self.skipped_formats:
+            out.append(f"no shadow steps for {', '.join(self.skipped_formats)} (autocast runs fp16 and bf16; "
+                       f"per-tensor scaling is for formats of 8 bits or fewer): value counts only")
+        if self.record.unsplit_steps:
+            out.append(f"{self.record.unsplit_steps} shadowed steps had a batch that cannot be halved (one sample, "
+                       f"or outputs not batched along dim 0): no noise floor from them")
+        return out
+
+    def evidence(self) -> dict:
+        """What the shadow steps measured (ShadowRecord.to_dict) and how they ran."""
+        return {"every": self.every, "scales_log2": list(self.scales),
+                "formats": [lim.name for lim in self.formats], **self.record.to_dict()}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop a capture that was not replayed (the step ended without an optimizer step of ours)."""
+        if self._capture is not None:
+            for handle in self._capture.handles:
+                handle.remove()
+        self._capture = None
+
+    def _fail(self, err: BaseException) -> None:
+        self.error = f"{type(err).__name__}: {err}"
+        warnings.warn(f"fpsim.watch: shadow steps stopped after an error ({self.error}); observation and "
+                      f"training continue", RuntimeWarning, stacklevel=3)
+        self.close()
+
+    # -------------------------------------------------------------- capture
+    def _on_forward_pre(self, module, args, kwargs):
+        import torch
+
+        if self._capture is not None or self._step_of() % self.every or not torch.is_grad_enabled() \
+                or torch.compiler.is_compiling():
+            return None
+        try:
+            with self._busy():
+                from torch.utils._pytree import tree_map
+
+                def copy(x):
+                    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+                cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+                    else None
+                self._capture = _Capture(self._step_of(), tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs)),
+                                         {n: b.detach().clone() for n, b in module.named_buffers()},
+                                         torch.get_rng_state(), cuda)
+        except Exception as err:
+            self._fail(err)
+        return None
+
+    def _on_forward(self, module, args, kwargs, output):
+        capture = self._capture
+        if capture is None or capture.grads or capture.handles:
+            return None                              # not shadowed, or a later forward of the same step
+        try:
+            leaves = float_leaves(output)
+            capture.grads = [None] * len(leaves)
+            for i, t in enumerate(leaves):
+                if t.requires_grad:
+                    capture.handles.append(t.register_hook(self._grad_hook(capture, i)))
+            if not capture.handles:
+                self.forget()
+        except Exception as err:
+            self._fail(err)
+        return None
+
+    def _grad_hook(self, capture, i):
+        def on_grad(grad):
+            try:
+                with self._busy():
+                    g = grad.detach().float().clone()
+                    capture.grads[i] = g if capture.grads[i] is None else capture.grads[i] + g
+            except Exception as err:
+                self._fail(err)
+        return on_grad
+
+    # --------------------------------------------------------------- replay
+    def before_step(self, inverse_scale=None) -> None:
+        """Replay the captured step, if one is complete (the parameters are still those of its forward)."""
+        capture = self._capture
+        if capture is None or not any(g is not None for g in capture.grads):
+            return
+        self.forget()
+        try:
+            with self._busy():
+                if inverse_scale is not None:   # a GradScaler'd backward: judge the gradients unscaled
+                    capture.grads = [None if g is None else g * inverse_scale.to(g.device) for g in capture.grads]
+                self._replay(capture)
+        except Exception as err:
+            self._fail(err)
+
+    def _replay(self, capture) -> None:
+        import torch
+
+        params = {n: p.detach().requires_grad_(True) for n, p in self.core.named_parameters()
+                  if p.requires_grad}
+        if not params:
+            return
+        device = next(iter(params.values())).device.type
+        saved_rng = torch.get_rng_state()
+        saved_cuda = torch.cuda.get_rng_state_all() if capture.cuda_rng is not None else None
+        try:
+            with torch.enable_grad():
+                self._measure(capture, params, device)
+        finally:
+            torch.set_rng_state(saved_rng)
+            if saved_cuda is not None:
+                torch.cuda.set_rng_state_all(saved_cuda)
+        rec = self.record
+        rec.count += 1
+        if len(rec.steps) < MAX_LISTED_STEPS:
+            rec.steps.append(capture.step)
+
+    def _measure(self, capture, params, device) -> None:
+        import torch
+
+        reference = self._backward(capture, params, FP32(device), (0,))[0]
+        ref = {name: _flat(reference, names) for name, names in self._groups}
+        ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
+        floors = self._noise_floor(capture, params, device, ref)
+        for lim in self.formats:
+            keep, sources = set(), {}
+            scales = self.scales if not lim.per_tensor_scaled and lim.emax < 127 else (0,)
+            for attempt in range(MAX_OVERFLOW_PASSES):
+                found: dict = {}
+                if lim.per_tensor_scaled:
+                    context = FakeQuant(self.core, self._module_names, lim, keep, found)
+                else:
+                    context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found)
+                last = attempt == MAX_OVERFLOW_PASSES - 1
+                grads = self._backward(capture, params, context, scales,
+                                       stop=None if last else lambda: bool(found),
+                                       escalate=lambda result, lim=lim: self._escalate(lim, result, ref, floors))
+                if not found:
+                    break
+                sources.update(found)
+                keep |= set(found.values())
+            for q, module in sources.items():
+                layer = self._layer_names.get(id(module), q or type(self.core).__name__)
+                by_layer = self.record.sources.setdefault(lim.name, {})
+                by_layer[layer] = by_layer.get(layer, 0) + 1
+            for scale, result in (grads or {}).items():
+                for name, names in self._groups:
+                    if name in ref:
+                        m = _compare(_flat(result, names), ref[name])
+                        self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+
+    def _escalate(self, lim, result, ref, floors) -> bool:
+        """Whether to replay the other candidate scales: from the first step where a layer stands out at
+        scale 1 on, always (so that their means cover every step since)."""
+        from .evidence import threshold
+
+        if lim.name not in self._escalated:
+            for name, names in self._groups:
+                if name in ref:
+                    m = _compare(_flat(result, names), ref[name])
+                    if m["nonfinite_share"] or m["rel_error"] > threshold(floors.get(name)):
+                        self._escalated.add(lim.name)
+                        break
+        return lim.name in self._escalated
+
+    def _noise_floor(self, capture, params, device, ref) -> dict:
+        """{layer: ||gA - gB|| / ||gA + gB||} of this step's halves (also summed into the record)."""
+        halves = _halves(capture)
+        if halves is None:
+            self.record.unsplit_steps += 1
+            return {}
+        parts = [self._backward(h, params, FP32(device), (0,))[0] for h in halves]
+        floors = {}
+        for name, names in self._groups:
+            ga, gb = _flat(parts[0], names), _flat(parts[1], names)
+            if ga is None or gb is None or name not in ref:
+                continue
+            total = float((ga + gb).norm())
+            if total:
+                floors[name] = float((ga - gb).norm()) / total
+                entry = self.record.floor.setdefault(name, [0.0, 0])
+                entry[0] += floors[name]
+                entry[1] += 1
+        return floors
+
+    def _backward(self, capture, params, context, scales, stop=None, escalate=None) -> dict | None:
+        """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`.
+
+        stop(): checked after the forward; True: no backward, None back (an overflow source was found: the
+        caller replays with it in FP32). escalate(gradients at scale 1): whether to go on to the other scales.
+        """
+        import torch
+        from torch.func import functional_call
+
+        torch.set_rng_state(capture.rng)
+        if capture.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(capture.cuda_rng)
+        buffers = {n: b.clone() for n, b in capture.buffers.items()}
+        with context:
+            out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
+                                  capture.kwargs)
+        if stop is not None and stop():
+            return None
+        pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]
+        names = list(params)
+        result = {}
+        for i, s in enumerate(scales):
+            factor = math.ldexp(1.0, s)
+            grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
+                                        [(g * factor).to(o.dtype) for o, g in pairs],
+                                        retain_graph=i < len(scales) - 1, allow_unused=True)
+            result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+            if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
+                break
+        return result
+
+
+# ------------------------------------------------------------------ helpers
+def _halves(capture):
+    """Two captures, each with half of the batch (dim 0 of the first tensor input), or None when the batch
+    cannot be halved: fewer than 2 samples, or an output gradient that is neither batched nor a scalar."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    tensors = [t for t in tree_leaves((capture.args, capture.kwargs)) if isinstance(t, torch.Tensor) and t.ndim]
+    if not tensors or tensors[0].shape[0] < 2:
+        return None
+    batch = tensors[0].shape[0]
+    if any(g is not None and g.ndim and g.shape[0] != batch for g in capture.grads):
+        return None
+    half = batch // 2
+    out = []
+    for part in (slice(0, half), slice(half, batch)):
+        def cut(x, part=part):
+            return x[part] if isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == batch else x
+        grads = [None if g is None else (g[part] if g.ndim else g) for g in capture.grads]
+        out.append(dataclasses.replace(capture, args=tree_map(cut, capture.args), kwargs=tree_map(cut, capture.kwargs),
+                                       grads=grads, handles=[]))
+    return out
+
+
+def _flat(grads: dict, names: list):
+    """One flat float32 tensor of the named gradients (None when none of them has one)."""
+    import torch
+
+    parts = [grads[n].reshape(-1) for n in names if grads.get(n) is not None]
+    return torch.cat(parts) if parts else None
+
+
+def _compare(g, g32) -> dict:
+    """Relative error, cosine, share of ||g32|| lost to zeros and share of non-finite values of g against g32."""
+    import torch
+
+    if g is None:
+        return {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
+    finite = torch.isfinite(g)
+    nonfinite = 1.0 - float(finite.float().mean())
+    if nonfinite:
+        return {"rel_error": math.inf, "cosine": None, "zeroed_share": None, "nonfinite_share": nonfinite}
+    g, g32 = g.double(), g32.double()
+    norm32 = float(g32.norm())
+    norm = float(g.norm())
+    zeroed = (g == 0) & (g32 != 0)
+    return {"rel_error": float((g - g32).norm()) / norm32,
+            "cosine": float(g @ g32) / (norm * norm32) if norm else 0.0,
+            "zeroed_share": float(g32[zeroed].norm()) / norm32, "nonfinite_share": 0.0}

@@ -1,0 +1,284 @@
+"""Shadow-step verdicts held to real low-precision training, and the promise that shadowing changes nothing.
+
+Sources of truth: real CPU torch.autocast FP16/BF16 training of the same model
+from the same weights and batches (fpsim.analyze.planted.train_real: torch's
+own low-precision arithmetic, a static loss scale, chosen modules outside
+autocast); what that training did to the loss decides what the verdict must
+be. For the no-change promise: the same run without fpsim, compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fpsim.analyze import watch
+from fpsim.analyze.evidence import FALLBACK_THRESHOLD
+from fpsim.analyze.planted import AuxHead, task, train_real
+from fpsim.analyze.runner import run_script
+
+STEPS, SHADOW_EVERY = 20, 5
+REAL_STEPS = 100
+
+
+def observe(name, steps=STEPS, every=SHADOW_EVERY, formats=("fp16", "bf16"), model=None, batch=32):
+    """Train a planted task in FP32 under watch(shadow_every=every); the report."""
+    planted, loss_fn, batches = task(name)
+    model = planted if model is None else model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with watch(model, formats=formats, shadow_every=every) as w:
+        for x, y in batches(steps, batch):
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return w.report()
+
+
+def real(name, **options):
+    """Final mean loss (last 10 steps) of real training of a planted task, and the model."""
+    model, loss_fn, batches = task(name)
+    result = train_real(model, loss_fn, batches(REAL_STEPS), **options)
+    return sum(result["losses"][-10:]) / 10, model
+
+
+def aux_loss(model):
+    """The auxiliary head's own loss on a batch of 256 from the task's teacher: what its training achieved."""
+    _, _, batches = task("aux_head")
+    x, y = next(iter(batches(1, 256)))
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(x)[1], y.flip(1)))
+
+
+# ------------------------------------------------------------- no change
+class DropoutBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.relu(self.bn(self.fc(x)))))
+
+
+def _train_bn(shadow: bool):
+    torch.manual_seed(0)
+    model = DropoutBatchNorm()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    w = watch(model, formats=("fp16", "bf16", "e4m3"), shadow_every=1) if shadow else None
+    if w is not None:
+        w.attach()
+    for _ in range(4):
+        x = torch.randn(16, 8, generator=g)
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if w is not None:
+        w.close()
+        assert w.shadow.record.count == 4
+    return model, optimizer, torch.get_rng_state(), torch.rand(3)
+
+
+def test_shadow_steps_leave_the_run_bitwise_unchanged():
+    plain, shadowed = _train_bn(False), _train_bn(True)
+    (m0, o0, rng0, draw0), (m1, o1, rng1, draw1) = plain, shadowed
+    for (n, a), (_, b) in zip(m0.state_dict().items(), m1.state_dict().items()):   # weights and BN stats
+        assert torch.equal(a, b), n
+    for a, b in zip(m0.parameters(), m1.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    for s0, s1 in zip(o0.state.values(), o1.state.values()):
+        assert all(torch.equal(s0[k], s1[k]) for k in s0)
+    assert torch.equal(rng0, rng1) and torch.equal(draw0, draw1)
+
+
+# ------------------------------------------------------- against reality
+def test_harmless_underflow_is_ok_whatever_the_counts_say():
+    report = observe("harmless")
+    assert report.counted["verdicts"]["inp"]["fp16"].verdict != "ok"   # the counts see the underflow ...
+    fp32, _ = real("harmless")
+    fp16, _ = real("harmless", dtype=torch.float16)
+    assert fp16 == pytest.approx(fp32, rel=1e-3)                       # ... real FP16 trains as FP32 did
+    assert report.verdict("inp", "fp16") == "ok" and report.verdict("out", "fp16") == "ok"
+    assert report.loss_scale["fp16"].recommended_log2 == 0
+
+
+def test_vanishing_auxiliary_gradients_get_a_loss_scale():
+    report = observe("aux_head")
+    assert report.verdict("aux", "fp16") == "loss_scale"
+    assert report.verdict("trunk", "fp16") == "ok" and report.verdict("head", "fp16") == "ok"
+    scale = report.loss_scale["fp16"].recommended_log2
+    assert scale > 0
+    _, fp32 = real("aux_head")
+    _, unscaled = real("aux_head", dtype=torch.float16)
+    _, scaled = real("aux_head", dtype=torch.float16, scale_log2=scale)
+    assert aux_loss(unscaled) > 2 * aux_loss(fp32)                      # real FP16 never trains the head
+    assert aux_loss(scaled) == pytest.approx(aux_loss(fp32), rel=0.05)   # the recommended scale does
+    _, bf16 = real("aux_head", dtype=torch.bfloat16)
+    assert aux_loss(bf16) == pytest.approx(aux_loss(fp32), rel=0.05)
+    assert report.verdict("aux", "bf16") == "ok" and report.loss_scale["bf16"].recommended_log2 == 0
+
+
+def test_real_overflow_gets_fp32_and_the_rest_stays_ok():
+    report = observe("overflow")
+    fp32, _ = real("overflow")
+    fp16, _ = real("overflow", dtype=torch.float16)
+    kept, _ = real("overflow", dtype=torch.float16, keep_fp32=("raw",))
+    assert not math.isfinite(fp16)                                      # real FP16: Inf, then NaN
+    assert kept == pytest.approx(fp32, rel=1e-2)                        # with `raw` in FP32: as FP32
+    assert report.verdict("raw", "fp16") == "fp32"
+    assert "overflows fp16" in report.verdicts["raw"]["fp16"].reason
+    assert report.verdict("norm", "fp16") == "ok" and report.verdict("out", "fp16") == "ok"
+    assert report.verdict("raw", "bf16") == "ok"
+
+
+# ---------------------------------------------------------------- report
+def test_report_json_carries_the_evidence_and_the_counts_beside():
+    report = observe("aux_head", formats=("fp16", "bf16", "e4m3"))
+    data = json.loads(report.to_json())
+    aux = next(layer for layer in data["layers"] if layer["name"] == "aux")
+    ev = aux["evidence"]["fp16"]
+    assert ev["basis"] == "shadow steps" and ev["steps"] == STEPS // SHADOW_EVERY
+    assert ev["grad_rel_error"] > ev["threshold"] and ev["noise_floor"] > 0 and ev["share_zeroed"] > 0.5
+    assert ev["counts"]["basis"] == "value counts" and ev["counted_verdict"] in ("loss_scale", "fp32")
+    assert aux["evidence"]["e4m3"]["basis"] == "shadow steps"
+    summary = data["summary"]["fp16"]
+    assert summary["basis"] == "shadow steps" and summary["loss_scale_layers"] == ["aux"]
+    assert f"{ev['grad_rel_error']:.3g}" in summary["reasons"]["aux"]
+    assert summary["loss_scale_reason"].startswith(f"scale 2^{data['loss_scale']['fp16']['recommended_log2']}")
+    assert data["shadow"]["shadowed_steps"] == STEPS // SHADOW_EVERY
+    assert data["shadow"]["counted_verdicts"]["aux"]["fp16"] == ev["counted_verdict"]
+
+
+class DropoutAuxHead(AuxHead):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        h = self.drop(torch.tanh(self.trunk(x)))
+        return self.head(h), self.aux(h)
+
+
+def test_verdicts_stable_across_run_length_and_dropout():
+    def verdicts(report):
+        return ({n: report.verdicts[n]["fp16"].verdict for n in ("trunk", "head", "aux")},
+                report.loss_scale["fp16"].recommended_log2)
+
+    short = verdicts(observe("aux_head", steps=10))
+    long = verdicts(observe("aux_head", steps=60, every=10))
+    torch.manual_seed(0)
+    dropout = verdicts(observe("aux_head", model=DropoutAuxHead()))
+    assert short == long == dropout
+
+
+def test_a_batch_of_one_uses_the_stated_fallback_threshold():
+    report = observe("aux_head", steps=4, every=2, batch=1)
+    ev = report.shadow_evidence["aux"]["fp16"]
+    assert ev["noise_floor"] is None and ev["threshold"] == FALLBACK_THRESHOLD
+    assert any("cannot be halved" in note for note in report.run["notes"])
+
+
+def test_bad_shadow_options_fail_fast():
+    model = nn.Linear(2, 2)
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="shadow_every"):
+            watch(model, shadow_every=bad)
+    with pytest.raises(ValueError, match="shadow_scales"):
+        watch(model, shadow_every=1, shadow_scales=(8, 16))
+    with pytest.raises(ValueError, match="shadow_scales"):
+        watch(model, shadow_every=1, shadow_scales="x")
+
+
+SCRIPT = """
+import torch
+from fpsim.analyze.planted import task
+model, loss_fn, batches = task("aux_head")
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+for x, y in batches(12):
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_script_run_shadows_its_model(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    report, paths = run_script(script, out=tmp_path / "out", formats=("fp16",), shadow_every=4)
+    assert report.shadow["shadowed_steps"] >= 2       # the root is found at its first forward
+    assert report.verdict("AuxHead.aux", "fp16") == "loss_scale"
+    assert "report.json" in paths
+
+
+def test_an_amp_run_is_shadowed_as_the_same_model_in_fp32():
+    """Under autocast + GradScaler the captured output gradients carry the scale: they are divided back."""
+    model, loss_fn, batches = task("aux_head")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, formats=("fp16",), shadow_every=5) as w:
+        for x, y in batches(STEPS):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            loss = loss_fn(tuple(o.float() for o in out), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    report = w.report()
+    assert report.shadow["shadowed_steps"] == STEPS // SHADOW_EVERY
+    assert report.verdict("aux", "fp16") == "loss_scale" and report.verdict("trunk", "fp16") == "ok"
+    assert report.loss_scale["fp16"].recommended_log2 == observe("aux_head").loss_scale["fp16"].recommended_log2
+
+
+class FailsUnderAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("this model refuses autocast")
+        return self.fc(x)
+
+
+def test_a_failing_replay_stops_shadowing_and_never_the_run():
+    torch.manual_seed(0)
+    model = FailsUnderAutocast()
+    reference = copy.deepcopy(model)
+    for m in (reference, model):
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(0)
+        with (watch(m, formats=("fp16",), shadow_every=1) if m is model else contextlib.nullcontext()) as w:
+            for _ in range(3):
+                loss = m(torch.randn(8, 4, generator=g)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert torch.equal(model.fc.weight, reference.fc.weight)
+    report = w.report()
+    assert report.shadow is None and report.verdict("fc", "fp16") in ("ok", "loss_scale", "fp32")
+    assert any("this model refuses autocast" in note for note in report.run["notes"])
+
+
+def test_the_command_line_takes_shadow_every(tmp_path, capsys):
+    from fpsim import cli
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    assert cli.main(["analyze", "--shadow-every", "4", "--formats", "fp16", "--out", str(out), "-q",
+                     str(script)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["shadow"]["every"] == 4 and data["summary"]["fp16"]["loss_scale_layers"] == ["AuxHead.aux"]
+    assert "verdicts from shadow steps" in capsys.readouterr().out
