@@ -163,7 +163,7 @@ def test_bad_input_is_refused_with_a_clear_error():
         tc.dot(np.ones((2, 3)), np.ones((2, 4)))
     with pytest.raises(ValueError, match="promote_every must be a positive multiple of the block size 16"):
         TensorCore("h100", "fp16", "fp32", promote_every=20)
-    with pytest.raises(ValueError, match="mixed input formats are FP8 only"):
+    with pytest.raises(ValueError, match="mixed input formats are FP8 and MX only"):
         TensorCore("h100", "fp16", "fp32", inputs_b="bf16")
 
 
