@@ -548,10 +548,28 @@ static void divide_chunk(const float *restrict src, const double *restrict divis
     if (!powers) narrow_to_odd(scratch, work, m); /* once per chunk: it sets the rounding mode */
 }
 
+/* The last step for block formats' values: each stored element times its block's divisor, the
+   dequantised value (exact: the caller's output type holds element * scale). */
+static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict divisors, Py_ssize_t block,
+                          Py_ssize_t start, Py_ssize_t m) {
+    Py_ssize_t i = 0, end = (start / block + 1) * block - start;
+    for (Py_ssize_t b = start / block; i < m; b++, i = end, end += block) {
+        const Py_ssize_t stop = end < m ? end : m;
+        const double s = divisors[b];
+        if (k->output == OUT_F32) {
+            float *o = (float *)dst + start;
+            for (Py_ssize_t j = i; j < stop; j++) o[j] = (float)((double)o[j] * s);
+        } else {
+            double *o = (double *)dst + start;
+            for (Py_ssize_t j = i; j < stop; j++) o[j] *= s;
+        }
+    }
+}
+
 /* ------------------------------------------------ the driver: chunk by chunk, pass by pass */
 #define DEFINE_RUN(W_, word_t)                                                                              \
     static void run_##W_(const kernel_t *k, const void *src, void *dst, Py_ssize_t n,              \
-                         const double *divisors, Py_ssize_t block) {                      \
+                         const double *divisors, Py_ssize_t block, int rescale) {                      \
         word_t work[CHUNK], results[CHUNK];                                                                   \
         uint32_t u0[CHUNK], u1[CHUNK];                                                                        \
         word_t below[CHUNK], general[CHUNK];                                                                  \
@@ -601,6 +619,7 @@ static void divide_chunk(const float *restrict src, const double *restrict divis
                 }                                                                                            \
             }                                                                                                \
             if (!direct) store(k, out, dst, start, m);                                                        \
+            if (rescale) rescale_chunk(k, dst, divisors, block, start, m);                                    \
         }                                                                                                    \
     }
 DEFINE_RUN(32, uint32_t)
@@ -638,8 +657,8 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
     if (!problem) {
         const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
         Py_BEGIN_ALLOW_THREADS
-        if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1);
-        else run_64(&k, src.buf, dst.buf, n, NULL, 1);
+        if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
+        else run_64(&k, src.buf, dst.buf, n, NULL, 1, 0);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
@@ -655,16 +674,18 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
 static PyObject *round_blocks(PyObject *self, PyObject *args) {
     Py_buffer src, dst, params, divisors;
     Py_ssize_t block;
-    if (!PyArg_ParseTuple(args, "y*w*y*y*n", &src, &dst, &params, &divisors, &block)) return NULL;
+    int rescale;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*np", &src, &dst, &params, &divisors, &block, &rescale)) return NULL;
     kernel_t k;
     memcpy(&k, params.buf, params.len < (Py_ssize_t)sizeof k ? (size_t)params.len : sizeof k);
     const char *problem = check(&k, params.len, src.len, dst.len, 1);
     const Py_ssize_t n = src.len / 4;
     if (!problem && (block < 1 || n % block || divisors.len != n / block * (Py_ssize_t)sizeof(double)))
         problem = "round_blocks: the elements are not whole blocks of `block`, one float64 divisor each";
+    if (!problem && rescale && k.output == OUT_CODES) problem = "round_blocks: rescale applies to values, not codes";
     if (!problem) {
         Py_BEGIN_ALLOW_THREADS
-        run_32(&k, src.buf, dst.buf, n, divisors.buf, block);
+        run_32(&k, src.buf, dst.buf, n, divisors.buf, block, rescale);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
@@ -743,7 +764,8 @@ static PyMethodDef methods[] = {
      "philox_words(key, first, depth, out): word(i, depth) of the stochastic-rounding stream for "
      "i = first .. first + len(out) - 1 (uint32 buffer)"},
     {"round_blocks", round_blocks, METH_VARARGS,
-     "round_blocks(src, dst, params, divisors, block): round float32 src / divisors[i // block] into dst"},
+     "round_blocks(src, dst, params, divisors, block, rescale): round float32 src / divisors[i // block] "
+     "into dst (times the divisor again when rescale: the dequantised values)"},
     {"block_amax", block_amax, METH_VARARGS,
      "block_amax(src, dst, block, width): the largest magnitude's bits of each block of src"},
     {NULL, NULL, 0, NULL}};

@@ -203,10 +203,11 @@ def covers_blocks(fmt: Format, rounding: str) -> bool:
 
 
 def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format, *, rounding, saturate,
-               codes: bool = False, values_dtype=None) -> np.ndarray:
+               codes: bool = False, values_dtype=None, rescale: bool = False) -> np.ndarray:
     """array / divisors[i // block], each element rounded once from its exact quotient (covers_blocks
     must apply). array: float32, its flat C order in whole blocks of `block` elements; divisors: one
-    positive finite float64 per block, a power of two or of at most 28 significant bits."""
+    positive finite float64 per block, a power of two or of at most 28 significant bits. rescale:
+    values times their divisor again (the dequantised values; values_dtype must hold them)."""
     from .codec import code_dtype
 
     src = np.ascontiguousarray(array, dtype=np.float32)
@@ -217,7 +218,7 @@ def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format,
                            output="codes" if codes else out_dtype.name, code_bytes=out_dtype.itemsize)
     dst = np.empty(src.shape, dtype=out_dtype)
     _fastround.round_blocks(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), params,
-                            scales.reshape(-1).view(np.uint8), block)
+                            scales.reshape(-1).view(np.uint8), block, rescale)
     return dst.reshape(np.shape(array))
 
 

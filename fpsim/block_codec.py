@@ -238,7 +238,8 @@ def _scales(blocks: _Blocks, fmt: BlockFormat):
 
 
 def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng, values_dtype=None):
-    """Element values (values_dtype, else float32 or float64) or codes, in the blocked layout.
+    """Element values (values_dtype, else float32 or float64) or codes, in the blocked layout;
+    with values_dtype, the dequantised values (element * scale * tensor scale) in it.
 
     Float elements of float32 input in blocks of consecutive elements go through the compiled
     kernel's block entry point in deterministic modes (one pass: divide, round, store), the rest
@@ -247,15 +248,17 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
     element = fmt.element_format
     zero_blocks = scale == 0
     view = blocks.view
-    factors = [np.where(nan_blocks | zero_blocks, 1.0, scale)]
+    factors = [np.where(nan_blocks | zero_blocks, 1.0, scale)]  # (their elements are replaced below)
     if tensor_scale is not None:
         factors.insert(0, tensor_scale)
+    divisor = factors[-1] * tensor_scale if tensor_scale is not None else factors[0]  # exact: <= 28 bits
     if (fmt.kind == "float" and view.dtype == np.float32 and blocks.runs
-            and _native.covers_blocks(element, rounding)):  # NaN blocks' elements are replaced below
-        divisor = factors[-1] * factors[0] if tensor_scale is not None else factors[0]  # exact: <= 28 bits
+            and _native.covers_blocks(element, rounding)):
         out = _native.run_blocks(view, divisor, blocks.runs, element, rounding=rounding, saturate=True,
-                                 codes=codes, values_dtype=values_dtype)
+                                 codes=codes, values_dtype=values_dtype, rescale=values_dtype is not None)
+        scaled = values_dtype is not None
     else:
+        scaled = False
         if np.any(nan_blocks):
             view = np.where(nan_blocks, 0, view)  # their elements are replaced below
         out = round_quotient(view, factors, element, rounding, saturate=True,
@@ -278,6 +281,9 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
         else:
             fill = np.nan
         out = np.where(nan_blocks, np.asarray(fill).astype(out.dtype), out)
+    if values_dtype is not None and not scaled:  # dequantise (exact: values_dtype holds the values)
+        out = out.astype(values_dtype)  # a fresh array
+        out *= divisor.astype(values_dtype)
     return out
 
 
@@ -318,9 +324,7 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     rng = _random(rounding, seed, generator, rand_bits)
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
-    values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype).astype(dtype, copy=False)
-    factor = scale if tensor_scale is None else scale * tensor_scale  # exact: at most 28 bits
-    values *= factor.astype(dtype)
+    values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
     return on_device(blocks.unblock(values), device)
 
 

@@ -159,3 +159,16 @@ def test_torch_tensors_give_the_same_bits():
     want = tc.dot(a, b, scale_a=sa, scale_b=sb)
     got = tc.dot(*(torch.from_numpy(v) for v in (a, b)), scale_a=torch.from_numpy(sa), scale_b=torch.from_numpy(sb))
     assert isinstance(got, torch.Tensor) and got.numpy().tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("inputs", devices.BLOCK_INPUTS)
+def test_zero_rows_give_positive_zero(inputs):
+    # as every other modelled data path (test_model.py): sums of zeros of any sign are +0
+    tc = fpsim.TensorCore("b200", inputs, "fp32")
+    k, block = tc.params.k, fpsim.format(inputs).block_size
+    a = np.zeros((2, k))
+    a[0, ::2] = -0.0
+    a[1] = -0.0
+    s = np.ones((2, k // block))
+    d = tc.dot(a, np.ones_like(a), np.array([-0.0, 0.0]), scale_a=s, scale_b=s)
+    assert np.all(d == 0) and not np.signbit(d).any()
