@@ -701,6 +701,30 @@ static PyObject *round_blocks(PyObject *self, PyObject *args) {
 
 /* The largest magnitude of each block of `block` consecutive elements of a float32 (or float64) buffer,
    as its magnitude's bits: integers order NaN above Inf above the finite values, as a block's amax needs. */
+MULTIVERSION static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+                                 uint32_t *restrict out) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        uint32_t top = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint32_t a = x[b * block + i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        out[b] = top;
+    }
+}
+
+MULTIVERSION static void amax_64(const uint64_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+                                 uint64_t *restrict out) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        uint64_t top = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint64_t a = x[b * block + i] & ~(UINT64_C(1) << 63);
+            top = a > top ? a : top;
+        }
+        out[b] = top;
+    }
+}
+
 static PyObject *block_amax(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     Py_ssize_t block;
@@ -710,29 +734,10 @@ static PyObject *block_amax(PyObject *self, PyObject *args) {
     const char *problem = NULL;
     if ((width != 32 && width != 64) || block < 1 || src.len % item || n % block || dst.len != n / block * item)
         problem = "block_amax: width 32 or 64, whole blocks, one output per block";
-    else if (width == 32) {
-        const uint32_t *x = src.buf;
-        uint32_t *out = dst.buf;
-        for (Py_ssize_t b = 0; b < n / block; b++) {
-            uint32_t top = 0;
-            for (Py_ssize_t i = 0; i < block; i++) {
-                const uint32_t a = x[b * block + i] & 0x7fffffffu;
-                top = a > top ? a : top;
-            }
-            out[b] = top;
-        }
-    } else {
-        const uint64_t *x = src.buf;
-        uint64_t *out = dst.buf;
-        for (Py_ssize_t b = 0; b < n / block; b++) {
-            uint64_t top = 0;
-            for (Py_ssize_t i = 0; i < block; i++) {
-                const uint64_t a = x[b * block + i] & ~(UINT64_C(1) << 63);
-                top = a > top ? a : top;
-            }
-            out[b] = top;
-        }
-    }
+    else if (width == 32)
+        amax_32(src.buf, n / block, block, dst.buf);
+    else
+        amax_64(src.buf, n / block, block, dst.buf);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     if (problem) {
