@@ -18,6 +18,9 @@ again together at the end.
   and at least half as fast for BF16/FP16. Values: fpsim.quantize (float32 ->
   rounded float32) against the round trip ml_dtypes `x.astype(t).astype(float32)`,
   gfloat `round_ndarray` and pychop `Chop`, which all return rounded values.
+* blocks: MX and NVFP4 quantisation (fpsim.quantize and fpsim.encode of block formats) against
+  torchao's MX/NVFP4 reference code and gfloat's quantize_block; target: at least 10 times the
+  faster of them (`--blocks` runs this section alone).
 * float64: the same values as float64. fpsim.encode against ml_dtypes' cast of
   the float64 array (which ml_dtypes >= 0.7 rounds once, as fpsim does; numpy's
   own astype for fp32), and fpsim's float64 time per element against its own
@@ -288,7 +291,86 @@ def float64_section(env: Env) -> list[str]:
     return summary
 
 
-SECTIONS = {"float32": float32_section, "float64": float64_section}
+# ------------------------------------------------------------------ blocks
+BLOCK_CASES = (("mxfp8_e4m3", "floor"), ("mxfp8_e4m3", "rceil"), ("mxfp8_e5m2", "floor"), ("mxfp4", "floor"),
+               ("nvfp4", "-"))
+GFLOAT_BLOCK_FORMATS = {"mxfp8_e4m3": "format_info_mxfp8_e4m3", "mxfp8_e5m2": "format_info_mxfp8_e5m2",
+                        "mxfp4": "format_info_mxfp4_e2m1"}
+
+
+def blocks_section(env: Env) -> list[str]:
+    """MX and NVFP4 quantisation of the float32 array (rows of 1024, so every peer sees whole
+    blocks): fpsim.quantize (dequantised values) and fpsim.encode (element codes and scale
+    codes) against torchao's reference code (to_mx + to_dtype for MX, NVFP4Tensor.to_nvfp4 +
+    dequantize and nvfp4_quantize for NVFP4), timed in turn, and gfloat's quantize_block (a
+    Python loop per block: timed on 512 blocks and scaled to the input size, marked *). "agree"
+    compares element and scale codes with torchao's bit for bit (tests/test_blocks_peers.py says
+    where torchao differs from the specs: none of these inputs reach those cases)."""
+    import importlib
+
+    torch = env.torch
+    try:
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.kernels import unpack_uint4
+        from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, nvfp4_quantize, per_tensor_amax_to_scale
+    except ImportError:
+        print("blocks: torchao is not installed (pip install -r benchmarks/requirements.txt)\n")
+        return ["blocks: skipped (no torchao)"]
+    gfloat = optional("gfloat")
+    repeats = env.args.repeats
+    cols = 1024 if env.x.size >= 1024 else 32
+    x = env.x[: env.x.size // cols * cols].reshape(-1, cols)
+    t = torch.from_numpy(x)
+    print(f"blocks: {x.size:,} float32 values ({x.shape[0]} x {cols}), N(0,1)*4; times in ms; ratio = peer / fpsim")
+    header = (f"{'format':11} {'rule':6} {'output':7} {'fpsim':>8} | {'torchao':>8} {'ratio':>6} {'agree':>7} | "
+              f"{'gfloat':>10} {'ratio':>7}")
+    print(header + "\n" + "-" * len(header))
+    mx_types = {"mxfp8_e4m3": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2, "mxfp4": torch.float4_e2m1fn_x2}
+    against_faster = []
+
+    def element_codes(data, name):
+        data = data.contiguous().view(torch.uint8)
+        return (unpack_uint4(data) if name in ("mxfp4", "nvfp4") else data).numpy().reshape(x.shape)
+
+    def gfloat_time(name):
+        if gfloat is None or name not in GFLOAT_BLOCK_FORMATS:
+            return None
+        info = getattr(importlib.import_module("gfloat.formats"), GFLOAT_BLOCK_FORMATS[name])
+        blocks = x.reshape(-1, 32)[:512].astype(np.float64)
+        start = time.perf_counter()
+        for block in blocks:
+            gfloat.quantize_block(info, block, gfloat.compute_scale_amax)
+        return (time.perf_counter() - start) * x.size / blocks.size
+
+    for name, rule in BLOCK_CASES:
+        options = {} if name == "nvfp4" else {"scale_rule": rule}
+        if name == "nvfp4":
+            scale = per_tensor_amax_to_scale(t.abs().max())
+            peer_codes = lambda: nvfp4_quantize(t, 16, scale)  # noqa: E731
+            peer_values = lambda: NVFP4Tensor.to_nvfp4(t, per_tensor_scale=scale).dequantize(torch.float32)  # noqa: E731
+        else:
+            mode, dtype = ScaleCalculationMode(rule), mx_types[name]
+            peer_codes = lambda: to_mx(t, dtype, 32, mode)  # noqa: E731
+            peer_values = lambda: to_dtype(*reversed(to_mx(t, dtype, 32, mode)), dtype, 32, torch.float32)  # noqa: E731
+        (t_q, t_values), _ = best_times(lambda: fpsim.quantize(x, name, **options), peer_values, repeats=repeats)
+        (t_e, t_codes), (enc, (scales, data)) = best_times(lambda: fpsim.encode(x, name, **options), peer_codes,
+                                                            repeats=repeats)
+        theirs_scales = scales.view(torch.uint8).numpy()
+        agree = (np.mean(element_codes(data, name) == enc.codes) * enc.codes.size
+                 + np.mean(theirs_scales == enc.scales) * enc.scales.size) / (enc.codes.size + enc.scales.size)
+        t_g = gfloat_time(name) if rule != "rceil" else None
+        for output, ours, theirs, g in (("values", t_q, t_values, t_g), ("codes", t_e, t_codes, None)):
+            gcell = f"{g * 1e3:9.0f}* {g / ours:7.0f}" if g is not None else f"{'-':>10} {'-':>7}"
+            print(f"{name:11} {rule:6} {output:7} {ours * 1e3:8.1f} | {theirs * 1e3:8.1f} {theirs / ours:6.2f} "
+                  f"{100 * agree:6.2f}% | {gcell}", flush=True)
+            against_faster.append((min(p for p in (theirs, g) if p is not None) / ours, name, rule, output))
+    print("* gfloat: est., timed on 512 blocks and scaled to the input size\n")
+    return ["blocks, smallest speed-up over the faster of torchao and gfloat (target 10): "
+            + worst(against_faster, lambda r, n, rule, o: f"{n} {rule} {o}, ratio {r:.2f}")]
+
+
+SECTIONS = {"float32": float32_section, "float64": float64_section, "blocks": blocks_section}
 
 
 def main() -> None:
@@ -297,11 +379,15 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of fast functions")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    parser.add_argument("--blocks", action="store_true", help="the blocks section only (--sections blocks)")
     args = parser.parse_args()
+    if args.blocks:
+        args.sections = "blocks"
     warnings.simplefilter("ignore")  # peers warn on overflow in their own arithmetic
 
     env = Env(args)
-    versions = ", ".join(f"{peer} {version(peer)}" for peer in ("numpy", "ml_dtypes", "torch", "gfloat", "pychop"))
+    versions = ", ".join(f"{peer} {version(peer)}"
+                         for peer in ("numpy", "ml_dtypes", "torch", "gfloat", "pychop", "torchao"))
     print(f"fpsim {fpsim.__version__} (compiled kernel: {_native.available()}), {versions}\n")
     summaries = []
     for name in args.sections.split(","):
@@ -309,97 +395,5 @@ def main() -> None:
     print("summary\n" + "\n".join(summaries))
 
 
-if __name__ == "__main__" and "--blocks" not in sys.argv[1:]:
+if __name__ == "__main__":
     main()
-
-
-# ------------------------------------------------------------------------------------------
-# Block formats (MX, NVFP4): `python benchmarks/bench_rounding.py --blocks [--n N] [--repeats R]`
-#
-# fpsim.quantize (dequantised values) and fpsim.encode (codes and scales) of N float32 values
-# (N(0,1)*4, rows of 1024, so every peer sees whole blocks) against torchao's reference code
-# (to_mx/to_dtype for MX, nvfp4_quantize/NVFP4Tensor for NVFP4) and gfloat's quantize_block
-# (a Python loop per block: timed on a slice and scaled to N, marked "est."). Single thread.
-# "agree" compares element and scale codes with torchao bit for bit (tests/test_blocks_peers.py
-# says where torchao differs from the specs: none of these inputs reach those cases).
-
-def bench_blocks(n: int = 10_000_000, repeats: int = 3) -> None:
-    import importlib
-
-    import torch
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.prototype.mx_formats.kernels import unpack_uint4
-    from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
-    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, nvfp4_quantize, per_tensor_amax_to_scale
-
-    torch.set_num_threads(1)
-    gfloat = optional("gfloat")
-    rows = max(n // 1024, 1)
-    x = (np.random.default_rng(2024).standard_normal((rows, 1024)) * 4).astype(np.float32)
-    t = torch.from_numpy(x)
-    versions = ", ".join(f"{p} {version(p)}" for p in ("numpy", "torch", "torchao", "gfloat"))
-    print(f"fpsim {fpsim.__version__} (compiled kernel: {_native.available()}), {versions}")
-    print(f"input: {x.size:,} float32 values ({rows} x 1024), N(0,1)*4, single thread; times in ms; "
-          f"ratio = peer / fpsim\n")
-    header = (f"{'format':11} {'rule':6} {'output':7} {'fpsim':>8} | {'torchao':>8} {'ratio':>6} {'agree':>7} | "
-              f"{'gfloat':>10} {'ratio':>7}")
-    print(header)
-    print("-" * len(header))
-    mx_types = {"mxfp8_e4m3": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}
-    gfloat_infos = {"mxfp8_e4m3": "format_info_mxfp8_e4m3", "mxfp4": "format_info_mxfp4_e2m1"}
-    worst = []
-
-    def element_codes(data, name):
-        data = data.contiguous().view(torch.uint8)
-        return (unpack_uint4(data) if name in ("mxfp4", "nvfp4") else data).numpy().reshape(x.shape)
-
-    def gfloat_time(name):
-        if gfloat is None or name not in gfloat_infos:
-            return None
-        info = getattr(importlib.import_module("gfloat.formats"), gfloat_infos[name])
-        blocks = x.reshape(-1, 32)[:512].astype(np.float64)
-        start = time.perf_counter()
-        for block in blocks:
-            gfloat.quantize_block(info, block, gfloat.compute_scale_amax)
-        return (time.perf_counter() - start) * x.size / blocks.size
-
-    cases = [("mxfp8_e4m3", "floor"), ("mxfp8_e4m3", "rceil"), ("mxfp4", "floor"), ("nvfp4", "-")]
-    for name, rule in cases:
-        options = {} if name == "nvfp4" else {"scale_rule": rule}
-        t_q, _ = best_time(lambda: fpsim.quantize(x, name, **options), repeats)
-        t_e, enc = best_time(lambda: fpsim.encode(x, name, **options), repeats)
-        if name == "nvfp4":
-            scale = per_tensor_amax_to_scale(t.abs().max())
-            t_codes, (scales, data) = best_time(lambda: nvfp4_quantize(t, 16, scale), repeats)
-            t_values, _ = best_time(
-                lambda: NVFP4Tensor.to_nvfp4(t, per_tensor_scale=scale).dequantize(torch.float32), repeats)
-            theirs_scales = scales.view(torch.uint8).numpy()
-        else:
-            mode = ScaleCalculationMode(rule)
-            t_codes, (scales, data) = best_time(lambda: to_mx(t, mx_types[name], 32, mode), repeats)
-            t_values, _ = best_time(
-                lambda: to_dtype(*reversed(to_mx(t, mx_types[name], 32, mode)), mx_types[name], 32, torch.float32),
-                repeats)
-            theirs_scales = scales.view(torch.uint8).numpy()
-        agree = (np.mean(element_codes(data, name) == enc.codes) * enc.codes.size
-                 + np.mean(theirs_scales == enc.scales) * enc.scales.size) / (enc.codes.size + enc.scales.size)
-        t_g = gfloat_time(name) if rule != "rceil" else None
-        for output, ours, theirs, g in (("values", t_q, t_values, t_g), ("codes", t_e, t_codes, None)):
-            gcell = f"{g * 1e3:9.0f}* {g / ours:7.0f}" if g is not None else f"{'-':>10} {'-':>7}"
-            print(f"{name:11} {rule:6} {output:7} {ours * 1e3:8.1f} | {theirs * 1e3:8.1f} {theirs / ours:6.2f} "
-                  f"{100 * agree:6.2f}% | {gcell}", flush=True)
-            faster = min(p for p in (theirs, g) if p is not None)
-            worst.append((faster / ours, name, rule, output))
-    print("\n* gfloat: est., timed on 512 blocks and scaled to the input size")
-    ratio, name, rule, output = min(worst)
-    print(f"smallest speed-up over the faster peer: {name} {rule} {output}, ratio {ratio:.2f} (target 10)")
-
-
-if __name__ == "__main__" and "--blocks" in sys.argv[1:]:
-    _parser = argparse.ArgumentParser(description="block formats (MX, NVFP4) against torchao and gfloat")
-    _parser.add_argument("--blocks", action="store_true")
-    _parser.add_argument("--n", type=int, default=10_000_000, help="elements (default 10 million)")
-    _parser.add_argument("--repeats", type=int, default=3, help="timed calls")
-    _args = _parser.parse_args()
-    warnings.simplefilter("ignore")
-    bench_blocks(_args.n, _args.repeats)

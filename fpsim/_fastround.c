@@ -35,7 +35,10 @@
  * in chunks that hold such inputs), the general path (scalar, only for the
  * elements that need it: stochastic ties, integers beyond 2^53, inputs below
  * the working float's min normal where the format is still normal there, as
- * float32 subnormals for E8M0), then one store into the caller's type. Steps 2 to 4 of the two passes are written
+ * float32 subnormals for E8M0), then one store into the caller's type.
+ * Block formats (fpsim/block_codec.py) enter through round_blocks: step 1
+ * then divides float32 input by one scale per block (divide_chunk) before the
+ * same passes, and block_amax gives each block's largest magnitude. Steps 2 to 4 of the two passes are written
  * once, in _fastround_width.h, and included for each working width.
  */
 #define PY_SSIZE_T_CLEAN
@@ -499,12 +502,78 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
 #undef NARROW
 }
 
+/* Step 1 for block formats: x / s of a chunk of float32 input, one divisor s per `block` elements,
+   as float32 working bits rounded exactly for the caller's formats (fpsim/_native.py covers_blocks: at
+   most 21 mantissa bits, finest spacing 2^-125 or coarser).
+   A power-of-two s: x * (1 / s) in float32, exact unless the quotient leaves float32's normal range;
+   below it, where every quotient rounds as any nonzero one of its sign, a quotient that underflowed to
+   0 becomes float32's smallest subnormal; beyond it, one that overflowed becomes float32's max (which
+   overflows, or saturates, exactly where the quotient does).
+   Another s (at most 28 significant bits: an E4M3 block scale times an FP32 tensor scale): the float64
+   quotient, correctly rounded, rounded to odd at float32's precision like float64 input. x / s is
+   either a decision point of the format (then exact) or further from one than float64's rounding
+   moves it (fpsim/quotient.py), so that the second rounding is the correct one. */
+MULTIVERSION static void scale_by_power_of_two(const uint32_t *restrict x, float r, Py_ssize_t n,
+                                               uint32_t *restrict out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float xf, q;
+        memcpy(&xf, &x[i], sizeof xf);
+        q = xf * r;
+        uint32_t qb;
+        memcpy(&qb, &q, sizeof qb);
+        const uint32_t qmag = qb & 0x7fffffffu, xmag = x[i] & 0x7fffffffu;
+        const uint32_t underflow = (qmag == 0) & (xmag != 0), overflow = (qmag == 0x7f800000u) & (xmag < 0x7f800000u);
+        out[i] = (qb | underflow) - overflow; /* the smallest subnormal, or the max (Inf's bits minus one) */
+    }
+}
+
+static void divide_chunk(const float *restrict src, const double *restrict divisors, Py_ssize_t block,
+                         Py_ssize_t start, Py_ssize_t m, uint32_t *restrict work, uint64_t *restrict scratch) {
+    const Py_ssize_t first = start / block, last = (start + m - 1) / block;
+    int powers = 1;
+    for (Py_ssize_t b = first; b <= last && powers; b++) {
+        int e;
+        powers = frexp(divisors[b], &e) == 0.5 && 1 - e >= -149 && 1 - e <= 127; /* 1 / s is a float32 */
+    }
+    Py_ssize_t i = 0, end = (first + 1) * block - start; /* block by block: [i, end) */
+    for (Py_ssize_t b = first; b <= last; b++, i = end, end += block) {
+        const Py_ssize_t stop = end < m ? end : m;
+        if (powers) {
+            scale_by_power_of_two((const uint32_t *)src + start + i, (float)(1.0 / divisors[b]), stop - i, work + i);
+        } else {
+            double *q = (double *)scratch;
+            for (Py_ssize_t j = i; j < stop; j++) q[j] = (double)src[start + j] / divisors[b];
+        }
+    }
+    if (!powers) narrow_to_odd(scratch, work, m); /* once per chunk: it sets the rounding mode */
+}
+
+/* The last step for block formats' values: each stored element times its block's divisor, the
+   dequantised value (exact: the caller's output type holds element * scale). */
+static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict divisors, Py_ssize_t block,
+                          Py_ssize_t start, Py_ssize_t m) {
+    Py_ssize_t i = 0, end = (start / block + 1) * block - start;
+    for (Py_ssize_t b = start / block; i < m; b++, i = end, end += block) {
+        const Py_ssize_t stop = end < m ? end : m;
+        const double s = divisors[b];
+        if (k->output == OUT_F32) {
+            float *o = (float *)dst + start;
+            for (Py_ssize_t j = i; j < stop; j++) o[j] = (float)((double)o[j] * s);
+        } else {
+            double *o = (double *)dst + start;
+            for (Py_ssize_t j = i; j < stop; j++) o[j] *= s;
+        }
+    }
+}
+
 /* ------------------------------------------------ the driver: chunk by chunk, pass by pass */
 #define DEFINE_RUN(W_, word_t)                                                                              \
-    static void run_##W_(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {                      \
+    static void run_##W_(const kernel_t *k, const void *src, void *dst, Py_ssize_t n,              \
+                         const double *divisors, Py_ssize_t block, int rescale) {                      \
         word_t work[CHUNK], results[CHUNK];                                                                   \
         uint32_t u0[CHUNK], u1[CHUNK];                                                                        \
         word_t below[CHUNK], general[CHUNK];                                                                  \
+        uint64_t scaled[divisors ? CHUNK : 1]; /* the quotients of block formats, as float64 bits */          \
         const int stochastic = k->mode == STOCHASTIC, codes = k->output == OUT_CODES;                         \
         const int direct = output_size(k) == sizeof(word_t); /* results straight into dst */                  \
         const pass_fn_##W_ band = passes_##W_[k->band_mode][0][codes], below_band = passes_##W_[k->mode][1][codes]; \
@@ -515,7 +584,10 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
             /* 1. decompose: the working float's bits */                                                     \
             const word_t *w = (const word_t *)src + start;                                                    \
             int needs_general = 0;                                                                            \
-            if (k->input == IN_F64 && W_ == 32) {                                                              \
+            if (divisors && W_ == 32) {                                                                    \
+                divide_chunk((const float *)src, divisors, block, start, m, (uint32_t *)work, scaled);        \
+                w = work;                                                                                     \
+            } else if (k->input == IN_F64 && W_ == 32) {                                                       \
                 narrow_to_odd((const uint64_t *)src + start, (uint32_t *)work, m);                             \
                 w = work;                                                                                     \
             } else if (k->input != IN_WORKING) {                                                              \
@@ -547,45 +619,127 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
                 }                                                                                            \
             }                                                                                                \
             if (!direct) store(k, out, dst, start, m);                                                        \
+            if (rescale) rescale_chunk(k, dst, divisors, block, start, m);                                    \
         }                                                                                                    \
     }
 DEFINE_RUN(32, uint32_t)
 DEFINE_RUN(64, uint64_t)
 
 /* ------------------------------------------------ the module */
+/* Why the parameters (and the buffers' sizes in bytes) do not fit each other, or NULL. `blocks`: the
+   parameters of round_blocks (float32 input divided into float64, rounded to odd: deterministic modes). */
+static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t src_len, Py_ssize_t dst_len,
+                         int blocks) {
+    if (params_len != (Py_ssize_t)sizeof *k)
+        return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
+    const int P_ = k->width == 32 ? 23 : 52;
+    const int narrowed = k->input == (blocks ? IN_F32 : IN_F64) && k->mode != STOCHASTIC;
+    if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
+        k->band_mode >= MODE_COUNT || k->input < 0 || k->input >= IN_COUNT ||
+        (k->width == 32 && k->input != IN_WORKING && !narrowed) || (blocks && (k->width != 32 || !narrowed)) ||
+        k->output < OUT_F32 || k->output > OUT_CODES ||
+        (k->output == OUT_CODES && k->code_bytes != 1 && k->code_bytes != 2 && k->code_bytes != 4 &&
+         !(k->code_bytes == 8 && k->width == 64)) ||
+        k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) || k->man_bits < 0 ||
+        k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63)
+        return "parameters out of range";
+    const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
+    if (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)) return "buffer sizes do not match";
+    return NULL;
+}
+
 static PyObject *round_array(PyObject *self, PyObject *args) {
     Py_buffer src, dst, params;
     if (!PyArg_ParseTuple(args, "y*w*y*", &src, &dst, &params)) return NULL;
     kernel_t k;
-    const char *problem = NULL;
-    if (params.len != (Py_ssize_t)sizeof k) {
-        problem = "parameters of the wrong size (build them with fpsim._native.kernel_params)";
-    } else {
-        memcpy(&k, params.buf, sizeof k);
-        const int P_ = k.width == 32 ? 23 : 52;
-        const Py_ssize_t item = (Py_ssize_t)input_size(k.input, k.width);
-        if ((k.width != 32 && k.width != 64) || k.mode < 0 || k.mode >= MODE_COUNT || k.band_mode < 0 ||
-            k.band_mode >= MODE_COUNT || k.input < 0 || k.input >= IN_COUNT ||
-            (k.width == 32 && k.input != IN_WORKING && !(k.input == IN_F64 && k.mode != STOCHASTIC)) ||
-            k.output < OUT_F32 || k.output > OUT_CODES ||
-            (k.output == OUT_CODES && k.code_bytes != 1 && k.code_bytes != 2 && k.code_bytes != 4 &&
-             !(k.code_bytes == 8 && k.width == 64)) ||
-            k.drop < 1 || k.drop > P_ || k.rand_bits > (uint64_t)(k.width == 32 ? 32 : 52) || k.man_bits < 0 ||
-            k.man_bits > P_ - 1 || k.code_sign_shift < 0 || k.code_sign_shift > 63)
-            problem = "parameters out of range";
-        else if (src.len % item || dst.len != src.len / item * (Py_ssize_t)output_size(&k))
-            problem = "buffer sizes do not match";
-    }
+    memcpy(&k, params.buf, params.len < (Py_ssize_t)sizeof k ? (size_t)params.len : sizeof k);
+    const char *problem = check(&k, params.len, src.len, dst.len, 0);
     if (!problem) {
         const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
         Py_BEGIN_ALLOW_THREADS
-        if (k.width == 32) run_32(&k, src.buf, dst.buf, n);
-        else run_64(&k, src.buf, dst.buf, n);
+        if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
+        else run_64(&k, src.buf, dst.buf, n, NULL, 1, 0);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&params);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *round_blocks(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, params, divisors;
+    Py_ssize_t block;
+    int rescale;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*np", &src, &dst, &params, &divisors, &block, &rescale)) return NULL;
+    kernel_t k;
+    memcpy(&k, params.buf, params.len < (Py_ssize_t)sizeof k ? (size_t)params.len : sizeof k);
+    const char *problem = check(&k, params.len, src.len, dst.len, 1);
+    const Py_ssize_t n = src.len / 4;
+    if (!problem && (block < 1 || n % block || divisors.len != n / block * (Py_ssize_t)sizeof(double)))
+        problem = "round_blocks: the elements are not whole blocks of `block`, one float64 divisor each";
+    if (!problem && rescale && k.output == OUT_CODES) problem = "round_blocks: rescale applies to values, not codes";
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS
+        run_32(&k, src.buf, dst.buf, n, divisors.buf, block, rescale);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&params);
+    PyBuffer_Release(&divisors);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The largest magnitude of each block of `block` consecutive elements of a float32 (or float64) buffer,
+   as its magnitude's bits: integers order NaN above Inf above the finite values, as a block's amax needs. */
+MULTIVERSION static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+                                 uint32_t *restrict out) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        uint32_t top = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint32_t a = x[b * block + i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        out[b] = top;
+    }
+}
+
+MULTIVERSION static void amax_64(const uint64_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+                                 uint64_t *restrict out) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        uint64_t top = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint64_t a = x[b * block + i] & ~(UINT64_C(1) << 63);
+            top = a > top ? a : top;
+        }
+        out[b] = top;
+    }
+}
+
+static PyObject *block_amax(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    Py_ssize_t block;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*w*ni", &src, &dst, &block, &width)) return NULL;
+    const Py_ssize_t item = width == 64 ? 8 : 4, n = src.len / item;
+    const char *problem = NULL;
+    if ((width != 32 && width != 64) || block < 1 || src.len % item || n % block || dst.len != n / block * item)
+        problem = "block_amax: width 32 or 64, whole blocks, one output per block";
+    else if (width == 32)
+        amax_32(src.buf, n / block, block, dst.buf);
+    else
+        amax_64(src.buf, n / block, block, dst.buf);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
     if (problem) {
         PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
@@ -614,6 +768,11 @@ static PyMethodDef methods[] = {
     {"philox_words", philox_words, METH_VARARGS,
      "philox_words(key, first, depth, out): word(i, depth) of the stochastic-rounding stream for "
      "i = first .. first + len(out) - 1 (uint32 buffer)"},
+    {"round_blocks", round_blocks, METH_VARARGS,
+     "round_blocks(src, dst, params, divisors, block, rescale): round float32 src / divisors[i // block] "
+     "into dst (times the divisor again when rescale: the dequantised values)"},
+    {"block_amax", block_amax, METH_VARARGS,
+     "block_amax(src, dst, block, width): the largest magnitude's bits of each block of src"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastround",

@@ -191,3 +191,42 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
     dst = np.empty(src.shape, dtype=out_dtype)
     _fastround.round_array(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), params)
     return dst.reshape(np.shape(array))
+
+
+def covers_blocks(fmt: Format, rounding: str) -> bool:
+    """Whether `run_blocks` rounds float32 quotients into `fmt`: deterministic modes, where rounding
+    the float64 quotient to odd at float32's precision first is exact (as for float64 input) and the
+    format's finest spacing, 2^-125 or coarser, leaves float32's subnormals below its first rounding
+    boundary (so that a power-of-two divisor may multiply in float32)."""
+    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    return route(np.float64, fmt, rounding) == (32, "float64") and quantum_exp >= -125
+
+
+def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format, *, rounding, saturate,
+               codes: bool = False, values_dtype=None, rescale: bool = False) -> np.ndarray:
+    """array / divisors[i // block], each element rounded once from its exact quotient (covers_blocks
+    must apply). array: float32, its flat C order in whole blocks of `block` elements; divisors: one
+    positive finite float64 per block, a power of two or of at most 28 significant bits. rescale:
+    values times their divisor again (the dequantised values; values_dtype must hold them)."""
+    from .codec import code_dtype
+
+    src = np.ascontiguousarray(array, dtype=np.float32)
+    scales = np.ascontiguousarray(divisors, dtype=np.float64)
+    out_dtype = code_dtype(fmt) if codes else np.dtype(values_dtype or np.float64)
+    params = kernel_params(fmt, rounding=rounding, saturate=saturate, flush_inputs=False, flush_outputs=False,
+                           rand_bits=None, key=None, width=32, input_kind="float32",
+                           output="codes" if codes else out_dtype.name, code_bytes=out_dtype.itemsize)
+    dst = np.empty(src.shape, dtype=out_dtype)
+    _fastround.round_blocks(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), params,
+                            scales.reshape(-1).view(np.uint8), block, rescale)
+    return dst.reshape(np.shape(array))
+
+
+def block_amax(array: np.ndarray, block: int) -> np.ndarray:
+    """The largest magnitude of each run of `block` consecutive elements of a float32 or float64 array
+    (its flat C order), NaN above Inf: shape array.shape[:-1] + (array.shape[-1] // block,)."""
+    src = np.ascontiguousarray(array)
+    width = 64 if src.dtype == np.float64 else 32
+    dst = np.empty(src.shape[:-1] + (src.shape[-1] // block,), dtype=src.dtype)
+    _fastround.block_amax(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), block, width)
+    return dst

@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _native
 from .blocks import BlockFormat, format
 from .codec import decode as decode_codes, encode as encode_values
 from .formats import PRESETS
@@ -57,6 +57,14 @@ class _Blocks:
     axes: tuple[int, ...]          # the blocked axes of the input
     shape: tuple[int, ...]         # the input's shape
     padded: tuple[int, ...]        # the shape after padding to whole blocks
+
+    @property
+    def runs(self) -> int | None:
+        """The block size where each block is a run of consecutive elements of `view` (blocks of
+        one axis, the last): the layout of the compiled kernel's block entry points; else None."""
+        if self.element_axes == (self.view.ndim - 1,) and self.view.flags.c_contiguous:
+            return self.view.shape[-1]
+        return None
 
     def unblock(self, values):
         """Back to the input's shape (dropping the padding)."""
@@ -207,9 +215,12 @@ def _scales(blocks: _Blocks, fmt: BlockFormat):
     The amaxes keep the input's dtype (float32 or float64), which holds them exactly.
     """
     view = blocks.view
-    bits = np.uint32 if view.dtype == np.float32 else np.uint64
-    magnitude = view.view(bits) & bits(np.iinfo(bits).max >> 1)  # |x| as bits: NaN > Inf > finite
-    amax = magnitude.max(axis=blocks.element_axes, keepdims=True).view(view.dtype)
+    if _native.available() and blocks.runs:
+        amax = _native.block_amax(view, blocks.runs)
+    else:
+        bits = np.uint32 if view.dtype == np.float32 else np.uint64
+        magnitude = view.view(bits) & bits(np.iinfo(bits).max >> 1)  # |x| as bits: NaN > Inf > finite
+        amax = magnitude.max(axis=blocks.element_axes, keepdims=True).view(view.dtype)
     bad = ~np.isfinite(amax)
     clean = np.where(bad, view.dtype.type(0), amax)
     tensor_scale = None
@@ -226,18 +237,32 @@ def _scales(blocks: _Blocks, fmt: BlockFormat):
     return scale, tensor_scale, bad | np.isnan(scale)
 
 
-def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng):
-    """Element values (float32 or float64) or codes, in the blocked layout."""
+def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng, values_dtype=None):
+    """Element values (values_dtype, else float32 or float64) or codes, in the blocked layout;
+    with values_dtype, the dequantised values (element * scale * tensor scale) in it.
+
+    Float elements of float32 input in blocks of consecutive elements go through the compiled
+    kernel's block entry point in deterministic modes (one pass: divide, round, store), the rest
+    through round_quotient; both round the exact quotient (tests/test_blocks.py checks them
+    against exact_blocks)."""
     element = fmt.element_format
     zero_blocks = scale == 0
     view = blocks.view
-    if np.any(nan_blocks):
-        view = np.where(nan_blocks, 0, view)  # their elements are replaced below
-    factors = [np.where(nan_blocks | zero_blocks, 1.0, scale)]
+    factors = [np.where(nan_blocks | zero_blocks, 1.0, scale)]  # (their elements are replaced below)
     if tensor_scale is not None:
         factors.insert(0, tensor_scale)
-    out = round_quotient(view, factors, element, rounding, saturate=True, codes=codes and fmt.kind == "float",
-                         powers_of_two=fmt.rule.power_of_two, **rng)
+    divisor = factors[-1] * tensor_scale if tensor_scale is not None else factors[0]  # exact: <= 28 bits
+    if (fmt.kind == "float" and view.dtype == np.float32 and blocks.runs
+            and _native.covers_blocks(element, rounding)):
+        out = _native.run_blocks(view, divisor, blocks.runs, element, rounding=rounding, saturate=True,
+                                 codes=codes, values_dtype=values_dtype, rescale=values_dtype is not None)
+        scaled = values_dtype is not None
+    else:
+        scaled = False
+        if np.any(nan_blocks):
+            view = np.where(nan_blocks, 0, view)  # their elements are replaced below
+        out = round_quotient(view, factors, element, rounding, saturate=True,
+                             codes=codes and fmt.kind == "float", powers_of_two=fmt.rule.power_of_two, **rng)
     if fmt.kind == "int":
         out = np.where(out == 0, 0.0, out)  # two's complement has no -0
         if codes:
@@ -256,6 +281,9 @@ def _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, codes, rng
         else:
             fill = np.nan
         out = np.where(nan_blocks, np.asarray(fill).astype(out.dtype), out)
+    if values_dtype is not None and not scaled:  # dequantise (exact: values_dtype holds the values)
+        out = out.astype(values_dtype)  # a fresh array
+        out *= divisor.astype(values_dtype)
     return out
 
 
@@ -295,11 +323,8 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
     scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
-    elements = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
-    factor = scale if tensor_scale is None else scale * tensor_scale  # exact: at most 28 bits
-    values = elements.astype(dtype)
-    values *= factor.astype(dtype)
+    values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
     return on_device(blocks.unblock(values), device)
 
 

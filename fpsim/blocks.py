@@ -124,7 +124,10 @@ def _pow2_scale(exponent, amax, fmt, *, overflow_nan: bool):
     exponent = np.where(amax == 0, lo, exponent)
     over = exponent > hi
     exponent = np.clip(exponent, lo, hi)
-    scale = np.ldexp(1.0, exponent)
+    if -1022 <= lo and hi <= 1023:  # float64's normal binades: its bits directly (ldexp is slower)
+        scale = ((exponent.astype(np.int64) + 1023) << 52).view(np.float64)
+    else:
+        scale = np.ldexp(1.0, exponent)
     return np.where(over, np.nan, scale) if overflow_nan else scale
 
 

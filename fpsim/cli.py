@@ -13,6 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import exact, modes
+from .blocks import BLOCK_PRESETS, SCALE_RULES, BlockFormat
 from .formats import ALIASES, PRESETS, Format, format as get_format
 
 
@@ -49,10 +50,35 @@ def _format_facts(fmt: Format) -> dict:
             "aliases": sorted(alias for alias, target in ALIASES.items() if target == fmt.name)}
 
 
+def _bits_per_element(fmt: BlockFormat) -> Fraction:
+    """Storage per element: the element's bits and its share of one scale (a tensor scale is left out)."""
+    element_bits = fmt.element.bits
+    return element_bits + Fraction(fmt.scale.bits, math.prod(fmt.block_shape))
+
+
+def _block_facts(fmt: BlockFormat) -> dict:
+    """A block format's parts (the element and scale formats are rows of their own)."""
+    return {"name": fmt.name, "kind": "block", "element": str(fmt.element), "scale": fmt.scale.name,
+            "block_size": list(fmt.block_shape), "scale_rule": fmt.scale_rule,
+            "scale_rule_source": fmt.rule.source,
+            "tensor_scale": fmt.tensor_scale.name if fmt.tensor_scale is not None else None,
+            "amax_floor": fmt.amax_floor, "element_max": float(fmt.element_max),
+            "bits_per_element": float(_bits_per_element(fmt))}
+
+
+def _print_table(header, rows) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+
+
 def cmd_formats(args) -> int:
-    """Print every preset with its range and precision."""
+    """Print every preset with its range and precision, then the block formats."""
     if args.json:
-        _print_json([_format_facts(fmt) for fmt in PRESETS.values()])
+        _print_json([{**_format_facts(fmt), "kind": "format"} for fmt in PRESETS.values()]
+                    + [_block_facts(fmt) for fmt in BLOCK_PRESETS.values()])
         return 0
     header = ("name", "bits", "E", "M", "bias", "max", "min normal", "min subnormal", "epsilon",
               "binades", "Inf", "NaN")
@@ -62,13 +88,18 @@ def cmd_formats(args) -> int:
                      _fmt_number(fmt.max), _fmt_number(fmt.min_normal), _fmt_number(fmt.min_subnormal),
                      _fmt_number(fmt.eps), f"{fmt.normal_binades}+{fmt.subnormal_binades}",
                      "yes" if fmt.infinities else "no", fmt.nan))
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    _print_table(header, rows)
     print("\nbinades: normal+subnormal. NaN encodings: ieee (all-ones exponent), fn (all-ones code),")
     print("fnuz (the negative-zero code), none. Aliases: " + ", ".join(sorted(ALIASES)))
+    print("\nBlock formats (fpsim.quantize(x, name, axis=...); docs/blocks.md):\n")
+    header = ("name", "element", "scale", "block", "scale rule", "tensor scale", "bits/element", "element max")
+    rows = [(fmt.name, str(fmt.element), fmt.scale.name, "x".join(map(str, fmt.block_shape)), fmt.scale_rule,
+             fmt.tensor_scale.name if fmt.tensor_scale is not None else "-", f"{float(_bits_per_element(fmt)):g}",
+             _fmt_number(fmt.element_max)) for fmt in BLOCK_PRESETS.values()]
+    _print_table(header, rows)
+    print("\nscale rules (per block, from its amax):")
+    for rule in SCALE_RULES.values():
+        print(f"  {rule.name:8} {rule.summary}")
     return 0
 
 
@@ -621,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"fpsim {__version__} (distribution fpsim-mixed-precision)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("formats", help="table of every preset format")
+    p = sub.add_parser("formats", help="table of every preset format, block formats included")
     p.add_argument("--json", action="store_true", help="print the formats as JSON on stdout")
     p.set_defaults(func=cmd_formats)
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import fpsim
 import fpsim.strategies as fst
-from fpsim import exact, exact_blocks
+from fpsim import _native, exact, exact_blocks
 from fpsim.block_codec import BlockEncoding
 from fpsim.blocks import BLOCK_PRESETS, SCALE_RULES, BlockFormat
 
@@ -152,6 +152,50 @@ def test_float64_input_matches_the_oracle(name, data):
     got = fpsim.quantize(x, name, rounding)
     assert got.dtype == np.float64
     assert_same(got, want)
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "fp8_block_1x128"])
+@settings(FAST, max_examples=20)
+@given(data=st.data())
+def test_numpy_path_matches_the_oracle(name, data):
+    # the same comparison with the compiled kernel's block entry points turned off: float32 input
+    # then takes round_quotient and numpy's amax, which every other input layout uses
+    x = data.draw(fst.block_arrays(name), label="x")
+    rounding = data.draw(st.sampled_from(DETERMINISTIC), label="rounding")
+    want, scales, elements, t = oracle(x, **spec(name), rounding=rounding)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_native, "covers_blocks", lambda *args: False)
+        patch.setattr(_native, "available", lambda: False)
+        assert_same(fpsim.quantize(x, name, rounding), want)
+        assert_codes(fpsim.encode(x, name, rounding), fpsim.format(name), scales, elements, t)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the compiled kernel is not built")
+def test_float32_blocks_take_the_kernel_block_path():
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        run = _native.run_blocks
+        patch.setattr(_native, "run_blocks", lambda *args, **kw: calls.append(args[2]) or run(*args, **kw))
+        for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
+            fpsim.quantize(np.ones((2, 64), dtype=np.float32), name)
+            fpsim.encode(np.ones(64, dtype=np.float32), name)
+    assert calls == [32, 32, 32, 32, 16, 16]
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_quotients_beyond_float32s_range_in_every_mode(name, rounding):
+    # A block whose amax is near float32's max next to float32's smallest numbers: x / scale
+    # underflows float32 (the kernel multiplies by 1 / scale in float32); a block of a tiny amax
+    # next to zeros divides by E8M0's smallest scale 2^-127. The oracle rounds the exact quotients.
+    tiny = np.float32(2.0**-149)
+    x = np.zeros((3, 32), dtype=np.float32)
+    x[0, :6] = [3e38, tiny, -tiny, 1e-38, -3 * tiny, -0.0]
+    x[1, :4] = [tiny, -tiny, 2 * tiny, 0.0]
+    x[2, :4] = [1.5e38, -3e38, 7e-45, 1.0]
+    want, scales, elements, t = oracle(x, **spec(name), rounding=rounding)
+    assert_same(fpsim.quantize(x, name, rounding), want)
+    assert_codes(fpsim.encode(x, name, rounding), fpsim.format(name), scales, elements, t)
 
 
 def test_nvfp4_elements_on_exact_and_near_ties():

@@ -112,6 +112,34 @@ def test_formats_json_gives_every_preset_with_ml_dtypes_ranges(capsys):
     assert rows["e4m3"]["exact"]["min_subnormal"] == "1/512" and "float8_e4m3fn" in rows["e4m3"]["aliases"]
 
 
+def test_formats_lists_the_block_formats_as_their_specs_define_them(capsys):
+    # expected: exact_blocks.SPEC_PRESETS (the oracle's restatement of OCP MX v1.0, NVIDIA's NVFP4 and
+    # DeepSeek-V3) and the storage those sources state: 8.25 bits per MXFP8 element (8 + 8/32),
+    # 4.5 per NVFP4 element (4 + 8/16)
+    import json
+
+    from fpsim.exact_blocks import SPEC_PRESETS
+
+    code, out, _ = run(capsys, "formats")
+    assert code == 0
+    table = out[out.index("Block formats"):]
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[3:] if line.strip() and line[0] != " "}
+    for name, (element, scale, block, rule, tensor, _floor) in SPEC_PRESETS.items():
+        assert rows[name][1:6] == [element, scale, "x".join(map(str, block)), rule, tensor or "-"], name
+    assert rows["mxfp8_e4m3"][6] == "8.25" and rows["nvfp4"][6] == "4.5" and rows["mxfp4"][6] == "4.25"
+    assert "  rceil " in table and "cvt.rp.satfinite.ue8m0" in table
+
+    assert main(["formats", "--json"]) == 0
+    blocks = {row["name"]: row for row in json.loads(capsys.readouterr().out) if row["kind"] == "block"}
+    assert set(blocks) == set(SPEC_PRESETS)
+    for name, (element, scale, block, rule, tensor, _floor) in SPEC_PRESETS.items():
+        row = blocks[name]
+        assert (row["element"], row["scale"], tuple(row["block_size"]), row["scale_rule"], row["tensor_scale"]) == (
+            element, scale, block, rule, tensor)
+    assert blocks["nvfp4"]["bits_per_element"] == 4.5 and blocks["mxint8"]["element_max"] == 127 / 64
+    assert blocks["fp8_block_128x128"]["bits_per_element"] == 8 + 32 / 128**2
+
+
 def test_cast_json_gives_ml_dtypes_bits(capsys):
     import json
 

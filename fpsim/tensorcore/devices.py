@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..blocks import BLOCK_PRESETS, BlockFormat
 from ..formats import format as get_format
 from .blockfma import OUTPUTS, BlockFMA
 
@@ -33,10 +34,15 @@ DEVICES = {
     "b200": "blackwell", "b100": "blackwell", "gb200": "blackwell",
 }
 
-INPUT_GROUPS = (("fp16",), ("bf16",), ("tf32",), ("e4m3", "e5m2"))
+INPUT_GROUPS = (("fp16",), ("bf16",), ("tf32",), ("e4m3", "e5m2"),
+                ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"), ("nvfp4",))
 """The input formats of the tensor cores; formats of one group may be mixed in one
-instruction (A in e4m3, B in e5m2: FP8 only)."""
+instruction (A in e4m3, B in e5m2; A in MXFP8, B in MXFP4). The last two groups are
+block formats (fpsim.blocks presets): elements with one scale per block along K."""
 INPUT_FORMATS = tuple(name for group in INPUT_GROUPS for name in group)
+FP8_INPUTS = INPUT_GROUPS[3]
+BLOCK_INPUTS = INPUT_GROUPS[4] + INPUT_GROUPS[5]
+"""The block input formats: their data paths are block-scaled MMA kinds (`BLOCK_KINDS`)."""
 OUTPUT_FORMATS = OUTPUTS
 """Accumulator formats (C and D of an instruction), the block-FMA engine's outputs."""
 
@@ -48,11 +54,40 @@ Blackwell as nvcc 13.0 compiles it). Other input formats have one path, "native"
 
 # ------------------------------------------------------------------ instructions
 @dataclasses.dataclass(frozen=True)
+class BlockScaleKind:
+    """A block-scaled MMA kind of the PTX ISA ("Block Scaling for mma.sync", tables 35 and 36):
+    D = (A * scale_A) (B * scale_B) + C, one scale per `block` elements of K of each row of A
+    and each column of B.
+
+    name: the .kind qualifier; scale: the scale's format (PTX .ue8m0 = E8M0, .ue4m3 = E4M3
+    without its sign).
+    """
+
+    name: str
+    scale: str
+    block: int
+
+    def scale_vec(self, k: int) -> str:
+        """The .scale_vec qualifier for an instruction of k products: scales per row of A."""
+        return f"scale_vec::{k // self.block}X"
+
+
+BLOCK_KINDS = {"mxf8f6f4": BlockScaleKind("mxf8f6f4", "e8m0", 32),
+               "mxf4": BlockScaleKind("mxf4", "e8m0", 32),
+               "mxf4nvf4": BlockScaleKind("mxf4nvf4", "e4m3", 16)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Instruction:
     """One MMA instruction of the PTX ISA: D (m x n) = A (m x k) B (k x n) + C.
 
     kind: "mma" (mma.sync, one warp) or "wgmma" (wgmma.mma_async, one warpgroup).
     outputs: the accumulator formats it takes (C = D); generations: where it runs.
+    block_kind: for block formats, the PTX block-scaled kind (`BLOCK_KINDS`).
+    compute_capability: the lowest compute capability that runs it when that is above its
+        first generation's (mma with block scaling: sm_120a; ptxas 13.0 refuses it for
+        sm_100a and sm_103a, whose block-scaled MMAs are tcgen05.mma, not modelled as an
+        instruction here).
     """
 
     kind: str
@@ -62,10 +97,16 @@ class Instruction:
     inputs: str
     outputs: tuple[str, ...]
     generations: tuple[str, ...]
+    block_kind: str | None = None
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def shape(self) -> str:
         return f"m{self.m}n{self.n}k{self.k}"
+
+    @property
+    def scaling(self) -> BlockScaleKind | None:
+        return BLOCK_KINDS[self.block_kind] if self.block_kind else None
 
     def kernel(self, output: str) -> str:
         """The name of the capture tool's kernel for this instruction (fpsim/tensorcore/cuda/*.cu)."""
@@ -73,7 +114,13 @@ class Instruction:
 
     def ptx(self, output: str) -> str:
         """The PTX instruction, with A row-major and B column-major for mma.sync."""
-        d, t = _PTX_TYPES[output], _PTX_TYPES[self.inputs]
+        d = _PTX_TYPES[output]
+        if self.block_kind is not None:
+            kind, element = self.scaling, block_format(self.inputs).element.name
+            stype = "ue8m0" if kind.scale == "e8m0" else "ue4m3"
+            return (f"mma.sync.aligned.{self.shape}.row.col.kind::{kind.name}.block_scale.{kind.scale_vec(self.k)}"
+                    f".{d}.{element}.{element}.{d}.{stype}")
+        t = _PTX_TYPES[self.inputs]
         if self.kind == "mma":
             return f"mma.sync.aligned.{self.shape}.row.col.{d}.{t}.{t}.{d}"
         return f"wgmma.mma_async.sync.aligned.{self.shape}.{d}.{t}.{t}"
@@ -85,7 +132,7 @@ _FROM = {gen: GENERATIONS[i:] for i, gen in enumerate(GENERATIONS)}  # a generat
 
 def _instructions() -> tuple[Instruction, ...]:
     both, fp32 = OUTPUT_FORMATS, ("fp32",)
-    fp8 = INPUT_GROUPS[-1]
+    fp8 = FP8_INPUTS
     mma = [Instruction("mma", 8, 8, 4, "fp16", both, ("volta", "turing")),
            Instruction("mma", 16, 8, 16, "fp16", both, _FROM["ampere"]),
            Instruction("mma", 16, 8, 8, "fp16", both, _FROM["turing"]),
@@ -100,7 +147,12 @@ def _instructions() -> tuple[Instruction, ...]:
              Instruction("wgmma", 64, 8, 16, "bf16", fp32, ("hopper",)),
              Instruction("wgmma", 64, 8, 8, "tf32", fp32, ("hopper",))]
     wgmma += [Instruction("wgmma", 64, 8, 32, name, both, ("hopper",)) for name in fp8]
-    return tuple(mma + wgmma)
+    sm120 = dict(generations=("blackwell",), compute_capability=(12, 0))
+    # mxfp4's own kind (k = 64) before its mxf8f6f4 form: the first is the preset's instruction
+    scaled = [Instruction("mma", 16, 8, 64, "mxfp4", fp32, block_kind="mxf4", **sm120),
+              Instruction("mma", 16, 8, 64, "nvfp4", fp32, block_kind="mxf4nvf4", **sm120)]
+    scaled += [Instruction("mma", 16, 8, 32, name, fp32, block_kind="mxf8f6f4", **sm120) for name in INPUT_GROUPS[4]]
+    return tuple(mma + wgmma + scaled)
 
 
 INSTRUCTIONS = _instructions()
@@ -124,7 +176,7 @@ def _table() -> dict:
 
     def put(gen, inputs, k, min32=-1024, min16=-1024, path="native", **kw):
         t[(gen, inputs, "fp32", path)] = BlockFMA(**{**_FP32_RZ, "min_align_exp": min32, "instruction_k": k, **kw})
-        if inputs == "fp16" or (inputs in INPUT_GROUPS[-1] and gen == "ada"):
+        if inputs == "fp16" or (inputs in FP8_INPUTS and gen == "ada"):
             t[(gen, inputs, "fp16", path)] = BlockFMA(**{**_FP16_RN, "min_align_exp": min16, "instruction_k": k, **kw})
 
     put("volta", "fp16", 4, block_size=4, extra_bits=0, min16=-19)
@@ -133,13 +185,13 @@ def _table() -> dict:
         put(gen, "fp16", 8, block_size=8, extra_bits=1, min32=-132, min16=-20)
         put(gen, "bf16", 8, block_size=8, extra_bits=1, min32=-132)
         put(gen, "tf32", 4, block_size=4, extra_bits=1, min32=-132)
-    for inputs in INPUT_GROUPS[-1]:
+    for inputs in FP8_INPUTS:
         put("ada", inputs, 32, block_size=16, extra_bits=-10, min32=-132, min16=-20)
     for gen in ("hopper", "blackwell"):
         put(gen, "fp16", 16, block_size=16, extra_bits=2, min32=-133, min16=-21)
         put(gen, "bf16", 16, block_size=16, extra_bits=2, min32=-133)
         put(gen, "tf32", 8, block_size=8, extra_bits=2, min32=-133)
-    for inputs in INPUT_GROUPS[-1]:
+    for inputs in FP8_INPUTS:
         put("hopper", inputs, 32, block_size=32, extra_bits=-10, min32=-133)
         t[("hopper", inputs, "fp16", "native")] = BlockFMA(**_FP16_RN, block_size=32, extra_bits=-10,
                                                            min_align_exp=-21, instruction_k=32)
@@ -147,10 +199,22 @@ def _table() -> dict:
         t[("hopper", inputs, "fp32", "fp16")] = BlockFMA(**_FP32_RZ, **_FP8_AS_FP16, min_align_exp=-133)
         for gen in ("hopper", "blackwell"):
             t[(gen, inputs, "fp16", "fp16")] = BlockFMA(**_FP16_RN, **_FP8_AS_FP16, min_align_exp=-21)
+    # Block-scaled kinds: a hypothesis, the Blackwell FP8 path (B200 rows: nearest, >= 8 extra
+    # bits, one block per instruction) with each product carrying its two block scales
+    # (UNVALIDATED). FP4 kinds take 64 products per instruction, one block.
+    for inputs in BLOCK_INPUTS:
+        k = next(i.k for i in INSTRUCTIONS if i.inputs == inputs)
+        put("blackwell", inputs, k, block_size=k, extra_bits=8, rounding="nearest_even", min32=-133)
     return t
 
 
 PARAMETERS = _table()
+
+UNVALIDATED = {key: ("not yet validated: no capture of a block-scaled MMA exists; the parameters are the "
+                     "B200 FP8 path's, the scales' place in the product a hypothesis (docs/tensorcore.md)")
+               for key in PARAMETERS if key[1] in BLOCK_INPUTS}
+"""(generation, inputs, output, path) -> why its parameters are a hypothesis: data paths no
+capture has checked. TensorCore.unvalidated and its repr say so."""
 
 
 # ------------------------------------------------------------------------ look-ups
@@ -185,7 +249,7 @@ def check_inputs(inputs: str, inputs_b: str) -> None:
     """A and B formats one instruction can take together; ValueError otherwise."""
     if not any(inputs in group and inputs_b in group for group in INPUT_GROUPS):
         mixable = "; ".join(" with ".join(group) for group in INPUT_GROUPS if len(group) > 1)
-        raise ValueError(f"mixed input formats are FP8 only ({mixable}); got {inputs} and {inputs_b}")
+        raise ValueError(f"mixed input formats are FP8 and MX only ({mixable}); got {inputs} and {inputs_b}")
 
 
 def instructions(device: str, inputs: str | None = None, output: str | None = None) -> list[Instruction]:
@@ -231,4 +295,21 @@ def parameters(device: str, inputs: str, output: str, path: str | None = None, i
 
 def is_fp8(inputs: str) -> bool:
     """FP8 inputs: the formats with a choice of path."""
-    return get_format(inputs).bits == 8
+    return not is_block(inputs) and get_format(inputs).bits == 8
+
+
+def is_block(inputs: str) -> bool:
+    """A block format among the input formats (MXFP8, MXFP6, MXFP4, NVFP4)."""
+    return inputs in BLOCK_INPUTS
+
+
+def block_format(inputs: str) -> BlockFormat:
+    """The BlockFormat of a block input format name."""
+    return BLOCK_PRESETS[inputs]
+
+
+def unvalidated(device: str, inputs: str, output: str, path: str | None = None) -> str | None:
+    """Why a data path's parameters are a hypothesis (no capture has checked them), else None."""
+    gen = generation(device)
+    return next((why for (g, i, o, p), why in UNVALIDATED.items()
+                 if (g, i, o) == (gen, inputs, output) and path in (None, p)), None)
