@@ -431,13 +431,15 @@ class Watcher:
             self._fail(err)
 
     def _on_scaler_update(self, record, scale: float, skipped: bool) -> None:
-        """GradScaler.update: the step ends here when the scaler skipped optimizer.step()."""
-        if skipped and self._forward_since_step and not self._stepped_since_update:
+        """GradScaler.update: the step ends here when the scaler skipped optimizer.step() (recorded first: a run
+        stopped at that step's end still has it)."""
+        ends_here = skipped and self._forward_since_step and not self._stepped_since_update
+        record.record(self.step if ends_here else self.step - 1, scale, skipped)
+        self._stepped_since_update = False
+        if ends_here:
             self._end_step()
             if self.on_step is not None:
                 self.on_step(self.step)
-        record.record(self.step - 1, scale, skipped)
-        self._stepped_since_update = False
 
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
@@ -480,6 +482,7 @@ class Watcher:
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
+        scaler = self._scaler() if self._scaler is not None else None   # (the step's end forgets it)
         if self._active:
             self._tracer.intercept(self.ops and self._awake)
         if not self._active:                     # observation stopped: steps still count (--steps holds)
@@ -502,7 +505,12 @@ class Watcher:
             self._fail(err)
             self.step += 1
         if self.on_step is not None:
-            self.on_step(self.step)
+            try:
+                self.on_step(self.step)
+            except StopRun:        # the run ends inside GradScaler.step: its update() will not run, record it here
+                if scaler is not None and self._scalers is not None:
+                    self._scalers.observe_update(self, scaler)
+                raise
 
     def _count_optimizer_side(self, optimizer, groups) -> None:
         """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
