@@ -125,6 +125,7 @@ class Watcher:
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
+        self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
         self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax, mass)
@@ -205,6 +206,9 @@ class Watcher:
                 continue
             self._hidden.discard(name)
             for p in own:
+                if type(p) not in (torch.Tensor, torch.nn.Parameter):   # DTensor (FSDP2 fully_shard) and others
+                    self.unplain_params.add(name)
+                    continue
                 owner = self._param_owner.get(p)
                 if owner is not None:
                     self.tied.setdefault(owner, []).append(name)
@@ -723,6 +727,11 @@ class Watcher:
                 done.add(group)
                 notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
                              f"under {group[0] if group[0] in self._types else name}")
+        if self.unplain_params:
+            names = sorted(self.unplain_params)
+            notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "
+                         f"are tensor subclasses (DTensor: FSDP's fully_shard): their weights, weight gradients and "
+                         f"updates are not observed, nor optimizer steps over them alone")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
         return notes
