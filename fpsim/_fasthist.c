@@ -16,10 +16,10 @@
  *   exponent field of the weight before, or u a float32 subnormal.
  * count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their
  *   (address, n); with `mass`, as count does.
- * accumulate(tables, row, pairs, amax_value, step): tables = (raw, amax, first, rows), the addresses of
- *   a store's tables (int64 [rows, 1026], float32 [rows], int64 [rows]) and their row count; adds
- *   pairs to raw[row], raises amax[row] (NaN sticks) and, for a non-finite amax_value, lowers
- *   first[row] to step.
+ * accumulate(tables, row, pairs, amax_value, step, mass=None): tables = (raw, amax, first, masses, rows),
+ *   the addresses of a store's tables (int64 [rows, 1026], float32 [rows], int64 [rows], float64
+ *   [rows, 512]) and their row count; adds pairs to raw[row], raises amax[row] (NaN sticks), for a
+ *   non-finite amax_value lowers first[row] to step, and adds `mass` (float64[512]) to masses[row].
  *
  * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
  * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
@@ -431,16 +431,18 @@ static PyObject *updates(PyObject *self, PyObject *args) {
 }
 
 static PyObject *accumulate(PyObject *self, PyObject *args) {
-    unsigned long long raw_address, amax_address, first_address;
+    unsigned long long raw_address, amax_address, first_address, mass_address;
     Py_ssize_t rows, row, length;
     const char *bytes;
     double value;
     long long step;
-    if (!PyArg_ParseTuple(args, "(KKKn)ny#dL", &raw_address, &amax_address, &first_address, &rows, &row, &bytes,
-                          &length, &value, &step))
+    PyObject *mass_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "(KKKKn)ny#dL|O", &raw_address, &amax_address, &first_address, &mass_address, &rows,
+                          &row, &bytes, &length, &value, &step, &mass_obj))
         return NULL;
     const int64_t *p = (const int64_t *)bytes;
-    int ok = raw_address && amax_address && first_address && row >= 0 && row < rows && length % 16 == 0;
+    int ok = raw_address && amax_address && first_address && mass_address && row >= 0 && row < rows &&
+             length % 16 == 0;
     for (Py_ssize_t k = 0; ok && k < length / 16; k++) ok = p[2 * k] >= 0 && p[2 * k] < RAW_SIZE;
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "accumulate: row %zd of %zd, or pairs of %zd bytes, out of range", row, rows,
@@ -454,6 +456,19 @@ static PyObject *accumulate(PyObject *self, PyObject *args) {
     if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
     int64_t *f = (int64_t *)(uintptr_t)first_address + row;
     if (!isfinite(value) && step < *f) *f = step;
+    if (mass_obj != Py_None) {
+        Py_buffer mass;
+        if (PyObject_GetBuffer(mass_obj, &mass, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        if (mass.len < MASS_SIZE * 8) {
+            PyBuffer_Release(&mass);
+            PyErr_SetString(PyExc_ValueError, "accumulate: mass must hold 512 float64");
+            return NULL;
+        }
+        double *dst_mass = (double *)(uintptr_t)mass_address + row * MASS_SIZE;
+        const double *src = (const double *)mass.buf;
+        for (int k = 0; k < MASS_SIZE; k++) dst_mass[k] += src[k];
+        PyBuffer_Release(&mass);
+    }
     Py_RETURN_NONE;
 }
 
@@ -468,8 +483,8 @@ static PyMethodDef methods[] = {
      "count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their "
      "(address, n); their mass added to mass as count does"},
     {"accumulate", accumulate, METH_VARARGS,
-     "accumulate((raw, amax, first, rows), row, pairs, amax_value, step): add a tensor's pairs and amax to a "
-     "table row, the tables given by address"},
+     "accumulate((raw, amax, first, masses, rows), row, pairs, amax_value, step, mass=None): add a tensor's "
+     "pairs, amax and mass to a table row, the tables given by address"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fasthist",

@@ -133,6 +133,7 @@ class Watcher:
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
+        self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
         self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax, mass)
@@ -213,6 +214,9 @@ class Watcher:
                 continue
             self._hidden.discard(name)
             for p in own:
+                if type(p) not in (torch.Tensor, torch.nn.Parameter):   # DTensor (FSDP2 fully_shard) and others
+                    self.unplain_params.add(name)
+                    continue
                 owner = self._param_owner.get(p)
                 if owner is not None:
                     self.tied.setdefault(owner, []).append(name)
@@ -450,13 +454,15 @@ class Watcher:
             self._fail(err)
 
     def _on_scaler_update(self, record, scale: float, skipped: bool) -> None:
-        """GradScaler.update: the step ends here when the scaler skipped optimizer.step()."""
-        if skipped and self._forward_since_step and not self._stepped_since_update:
+        """GradScaler.update: the step ends here when the scaler skipped optimizer.step() (recorded first: a run
+        stopped at that step's end still has it)."""
+        ends_here = skipped and self._forward_since_step and not self._stepped_since_update
+        record.record(self.step if ends_here else self.step - 1, scale, skipped)
+        self._stepped_since_update = False
+        if ends_here:
             self._end_step()
             if self.on_step is not None:
                 self.on_step(self.step)
-        record.record(self.step - 1, scale, skipped)
-        self._stepped_since_update = False
 
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
@@ -501,6 +507,7 @@ class Watcher:
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
+        scaler = self._scaler() if self._scaler is not None else None   # (the step's end forgets it)
         if self._active:
             self._tracer.intercept(self.ops and self._awake)
         if not self._active:                     # observation stopped: steps still count (--steps holds)
@@ -523,7 +530,12 @@ class Watcher:
             self._fail(err)
             self.step += 1
         if self.on_step is not None:
-            self.on_step(self.step)
+            try:
+                self.on_step(self.step)
+            except StopRun:        # the run ends inside GradScaler.step: its update() will not run, record it here
+                if scaler is not None and self._scalers is not None:
+                    self._scalers.observe_update(self, scaler)
+                raise
 
     def _count_optimizer_side(self, optimizer, groups) -> None:
         """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
@@ -738,6 +750,11 @@ class Watcher:
                 done.add(group)
                 notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
                              f"under {group[0] if group[0] in self._types else name}")
+        if self.unplain_params:
+            names = sorted(self.unplain_params)
+            notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "
+                         f"are tensor subclasses (DTensor: FSDP's fully_shard): their weights, weight gradients and "
+                         f"updates are not observed, nor optimizer steps over them alone")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
         if self.shadow is not None:

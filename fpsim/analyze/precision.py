@@ -88,17 +88,24 @@ class ScalerWatch:
 
         def update(scaler, new_scale=None):
             w = watch._watcher()
-            if w is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
-                try:
-                    used = float(scaler._scale.item())
-                    found = sum(float(v.item()) for state in scaler._per_optimizer_states.values()
-                                for v in state.get("found_inf_per_device", {}).values())
-                    w._on_scaler_update(watch.record_for(scaler), used, found > 0)
-                except Exception as err:  # observation only: never break the run
-                    w._fail(err)
+            if w is not None:
+                watch.observe_update(w, scaler)
             return plain["update"](scaler, new_scale)
 
         cls.scale, cls.unscale_, cls.step, cls.update = scale, plain["unscale_"], plain["step"], update
+
+    def observe_update(self, watcher, scaler) -> None:
+        """Tell `watcher` the scale this step used and whether the scaler skipped it (what update() is about to
+        act on); also called for a step whose update() will not run (the run stopped after its optimizer step)."""
+        if not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+            return
+        try:
+            used = float(scaler._scale.item())
+            found = sum(float(v.item()) for state in scaler._per_optimizer_states.values()
+                        for v in state.get("found_inf_per_device", {}).values())
+            watcher._on_scaler_update(self.record_for(scaler), used, found > 0)
+        except Exception as err:  # observation only: never break the run
+            watcher._fail(err)
 
     def record_for(self, scaler) -> ScalerRecord:
         key = id(scaler)

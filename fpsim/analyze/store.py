@@ -91,7 +91,7 @@ class Store:
         """Refresh what the kernel writes through (after any table was replaced)."""
         if self.device is not None and self.device.type == "cpu" and _fasthist is not None:
             self._host = (self.raw.data_ptr(), self.amax.data_ptr(), self.first_nonfinite.data_ptr(),
-                          self.raw.shape[0])
+                          self.mass.data_ptr(), self.raw.shape[0])
         if self.device is not None and self.device.type == "cpu":
             self._host_mass = self.mass.numpy()
 
@@ -139,12 +139,12 @@ class Store:
         next flush. Mass as numpy goes into CPU tables at once, else at the flush.
         """
         self.samples[row] += samples
-        if mass is not None:
+        host = self._host
+        if mass is not None and (host is None or type(counts) is not bytes):   # (else the kernel adds it)
             if self._host_mass is not None and type(mass) is np.ndarray:
                 self._host_mass[row] += mass
             else:
                 self._pending_mass.append((row, mass))
-        host = self._host
         if host is None or type(counts) is not bytes:
             if type(counts) is bytes:
                 counts = dense_counts(counts)
@@ -152,7 +152,7 @@ class Store:
             if len(self._pending) >= MAX_PENDING:
                 self.flush(step)
             return
-        _fasthist.accumulate(host, row, counts, amax, step)
+        _fasthist.accumulate(host, row, counts, amax, step, mass)
         if self._gradient[row]:
             self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 

@@ -379,3 +379,40 @@ def test_five_hundred_small_layers_cost_linear_time():
     assert len([layer for layer in report.layers if not layer.is_op]) == 500
     assert report.layer("499").tensors["activation"].samples == 2
     assert w._store.raw.shape[0] < 2 * len(w._store.keys) + 16   # tables grow by doubling, not a cat per record
+
+
+AMP_SCRIPT = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**{init})
+used = []
+for _ in range(6):
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,)))
+    opt.zero_grad()
+    used.append(scaler.get_scale())
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("init", [16, 40])     # 2^40: the real scaler skips its first steps
+def test_a_run_stopped_after_n_steps_records_the_scalers_last_step(tmp_path, init):
+    from fpsim.analyze.runner import run_script
+
+    script = tmp_path / "amp.py"
+    script.write_text(AMP_SCRIPT.format(init=init))
+    unobserved = {}
+    exec(compile(AMP_SCRIPT.format(init=init).replace("range(6)", "range(3)"), "amp", "exec"), unobserved)
+    used = unobserved["used"] + [unobserved["scaler"].get_scale()]         # the scale of each step, and after
+    torch_skipped = [step for step in range(3) if used[step + 1] < used[step]]
+    report, _ = run_script(script, steps=3, out=tmp_path / "out", formats=("fp16",))
+    record = report.run["precision"]["grad_scalers"][0]
+    assert report.run["steps"] == 3
+    assert record["steps"] == 3 and record["skipped"] == torch_skipped
+    assert [s for _, s in record["trajectory"]] == sorted(set(used[:3]), reverse=True)

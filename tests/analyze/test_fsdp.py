@@ -1,0 +1,59 @@
+"""FSDP2's fully_shard on the CPU (gloo, one process): the watch must not break the run.
+
+Source of truth: the same sharded model trained unwatched (parameters bit for bit) and torch itself (the
+run completes; before the guard, counting the DTensor parameters in the optimizer's pre-hook crashed the
+process with a segmentation fault on torch 2.13).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fpsim
+
+dist = pytest.importorskip("torch.distributed")
+
+
+def sharded_run(port: int, watched: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        watch = fpsim.watch(model, formats=("fp16",)) if watched else None
+        if watch is not None:
+            watch.__enter__()
+        for _ in range(3):
+            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if watch is not None:
+            watch.__exit__(None, None, None)
+        return [p.full_tensor().detach().clone() for p in model.parameters()], watch
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see():
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    plain, _ = sharded_run(29541, watched=False)
+    observed, w = sharded_run(29542, watched=True)
+    for a, b in zip(plain, observed):
+        assert torch.equal(a, b)
+    report = w.report()
+    assert {"0", "2"} <= {layer.name for layer in report.layers}
+    assert "activation" in report.layer("0").tensors
+    assert any("DTensor" in note for note in w.notes())
