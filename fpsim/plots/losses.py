@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .style import (LINESTYLES, NORMAL_ALPHA, RECOMMENDED, SUBNORMAL_ALPHA, WINDOW, bars, figure, format_colour,
-                    outside_legend, rc, row_labels, series_style)
+                    outside_legend, rc, row_labels, series_style, shown)
 
 SCALE_LABEL = "loss scale S  (log2 S)"
 
@@ -138,7 +138,7 @@ def layer_windows(rows, panels, *, title: str = ""):
     format's colour where the shared window (shaded) serves it, light and hatched where none does."""
     from matplotlib.patches import Patch
 
-    rows = [str(r) for r in rows]
+    rows = [shown(r) for r in rows]
     width = 4.6 * max(len(panels), 1) + 2.0
     height = 2.3 + 0.26 * max(len(rows), 3)
     fig = figure(width, height, layout=None)
@@ -163,10 +163,10 @@ def layer_windows(rows, panels, *, title: str = ""):
                 ax.text(lo + 0.5, i, "no usable scale", va="center", fontsize=7.5, color="0.3")
         unserved_style = dict(alpha=SUBNORMAL_ALPHA + 0.15, hatch="///", edgecolors=colour, linewidths=0)
         for served, style in ((True, dict(alpha=NORMAL_ALPHA)), (False, unserved_style)):
-            shown = [(i, w) for i, (w, s) in enumerate(zip(panel.windows, panel.served))
-                     if w is not None and s == served]
-            if shown:
-                bars(ax, [i for i, _ in shown], [w[0] - 0.5 for _, w in shown], [w[1] - w[0] + 1 for _, w in shown],
+            kept = [(i, w) for i, (w, s) in enumerate(zip(panel.windows, panel.served))
+                    if w is not None and s == served]
+            if kept:
+                bars(ax, [i for i, _ in kept], [w[0] - 0.5 for _, w in kept], [w[1] - w[0] + 1 for _, w in kept],
                      facecolors=colour, gid=f"format:{panel.format}", **style)
         if panel.recommended is not None:
             handles["recommended"] = ax.axvline(panel.recommended, **RECOMMENDED)

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import data as D
 from .style import (BINADE_LABEL, LITERAL, binade_axis, figure, format_bands, format_colour, outside_legend, rc,
-                    row_labels, series_style)
+                    row_labels, series_style, shown)
 
 DEFAULT_FORMATS = ("fp32", "tf32", "bf16", "fp16", "e5m2", "e4m3", "e3m2", "e2m3", "e2m1")
 GRADIENT_FORMATS = ("fp16", "bf16", "e4m3", "e5m2")
@@ -69,8 +69,8 @@ def rounding_error(formats=DEFAULT_FORMATS, *, log2_range=None, rounding: str = 
         for fmt in fmts:
             binades, env = D.relative_error_envelope(fmt, lo, hi, points_per_binade=points_per_binade,
                                                      rounding=rounding, saturate=saturate)
-            shown = np.where(env > 0, env, np.nan)   # exact values (0 error) cannot sit on a log axis
-            ax.stairs(shown, np.append(binades, binades[-1] + 1), color=format_colour(fmt.name), linewidth=1.8,
+            visible = np.where(env > 0, env, np.nan)   # exact values (0 error) cannot sit on a log axis
+            ax.stairs(visible, np.append(binades, binades[-1] + 1), color=format_colour(fmt.name), linewidth=1.8,
                       label=f"{fmt.name} (u = $2^{{{-fmt.precision}}}$)", gid=f"format:{fmt.name}")
         ax.set_yscale("log", base=10)
         ax.set_ylim(bottom=min(2.0 ** -(max(f.precision for f in fmts) + 3), 1e-3), top=3.0)
@@ -141,7 +141,7 @@ def magnitude_heatmap(rows, shares, lo: int, hi: int, bands, *, edges=(), title:
     """
     from matplotlib.colors import LogNorm
 
-    rows = [str(r) for r in rows]
+    rows = [shown(r) for r in rows]
     height = 1.7 + 0.24 * max(len(rows), 3) + 0.2 * len(bands)
     width = 11.0
     longest = max(max((len(r) for r in rows), default=8), max((len(b[0]) for b in bands), default=8))

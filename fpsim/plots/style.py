@@ -119,10 +119,16 @@ def format_bands(ax, bands, fontsize=None) -> None:
             bars(ax, [y], [lo_sub], [lo_norm - lo_sub], facecolors=colour, alpha=SUBNORMAL_ALPHA, hatch="///",
                  edgecolors=colour, linewidths=0, gid=f"format:{name}")
         bars(ax, [y], [lo_norm], [hi - lo_norm], facecolors=colour, alpha=NORMAL_ALPHA, gid=f"format:{name}")
-    ax.set_yticks(range(n), [b[0] for b in reversed(bands)], **({"fontsize": fontsize} if fontsize else {}),
+    ax.set_yticks(range(n), [shown(b[0]) for b in reversed(bands)], **({"fontsize": fontsize} if fontsize else {}),
                   **LITERAL)
     ax.set_ylim(-0.6, n - 0.4)
     ax.grid(axis="y", visible=False)
+
+
+def shown(name) -> str:
+    """A name as it is drawn: as written, but a control character (a tab, a newline) as its escape
+    (no font has a glyph for it, and a newline would break the row)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(name))
 
 
 def row_labels(ax, names, positions=None, fontsize: float = 8) -> None:
@@ -130,7 +136,7 @@ def row_labels(ax, names, positions=None, fontsize: float = 8) -> None:
     artists instead of y ticks: a tick is five artists, and a report figure has up to 64 rows."""
     transform = ax.get_yaxis_transform()   # x in axes fraction, y in data
     for y, name in zip(range(len(names)) if positions is None else positions, names):
-        ax.text(-0.006, y, str(name), transform=transform, ha="right", va="center", fontsize=fontsize,
+        ax.text(-0.006, y, shown(name), transform=transform, ha="right", va="center", fontsize=fontsize,
                 clip_on=False, **LITERAL)
     ax.set_yticks([])
 
