@@ -12,25 +12,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 import warnings
 
 import numpy as np
 
+from common import fastest
 import fpsim
 from fpsim import _native
 
 FORMATS = ("e4m3", "e5m2", "e2m1", "bf16", "fp16")
 MODES = ("nearest_even", "toward_zero", "stochastic")
-
-
-def _best(function, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _engine(function):
@@ -65,8 +56,8 @@ def main() -> None:
                     return fpsim.quantize(x, name, rounding, seed=seed)
 
                 assert np.array_equal(call(), _engine(call), equal_nan=True)  # the same bits, or no timing
-                kernel = _best(call, args.repeats)
-                engine = _engine(lambda: _best(call, max(1, args.repeats // 2)))
+                kernel = fastest(call, args.repeats)
+                engine = _engine(lambda: fastest(call, max(1, args.repeats // 2)))
                 ratios.append(engine / kernel)
                 print(f"{np.dtype(dtype).name:8} {name:6} {rounding:13} {kernel * 1e3:8.2f} {engine * 1e3:9.1f} "
                       f"{engine / kernel:7.1f}")

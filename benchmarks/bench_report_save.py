@@ -14,35 +14,10 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
-import time
 
 import torch
 
-from fpsim.analyze import watch
-from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
-
-
-def gpt_report():
-    cfg = GPTConfig(n_layer=12, n_embd=64, n_head=4, block_size=32)
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with watch(model) as w:
-        for x, y in token_batches(cfg, 4, 3):
-            _, loss = model(x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return w.report()
-
-
-def fastest(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from common import fastest, gpt_report
 
 
 def main() -> None:

@@ -43,7 +43,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single thread, before numpy/torch load
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 import warnings  # noqa: E402

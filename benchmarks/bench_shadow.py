@@ -26,23 +26,16 @@ import time
 import torch
 from torch import nn
 
+from common import demo_batches
 from fpsim.analyze import watch
-from fpsim.analyze.demo import DEMO_BATCH, SensorNet, sensor_data
 from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
 
 WARMUP, MEASURED = 10, 20
 
 
 def demo_model():
-    data = sensor_data()
-    g = torch.Generator().manual_seed(1)
-
-    def batch():
-        i = torch.randint(0, 12288, (DEMO_BATCH,), generator=g)
-        return (data["readings"][i], data["pressure"][i]), data["label"][i]
-
-    torch.manual_seed(0)
-    return "demo model (SensorNet, batch 1024, Adam)", SensorNet(), batch, nn.functional.cross_entropy
+    model, batch = demo_batches()
+    return "demo model (SensorNet, batch 1024, Adam)", model, batch, nn.functional.cross_entropy
 
 
 def small_gpt():

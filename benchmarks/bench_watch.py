@@ -29,21 +29,14 @@ import time
 import torch
 from torch import nn
 
+from common import demo_batches, gpt_report
 from fpsim.analyze import watch
-from fpsim.analyze.demo import DEMO_BATCH, SensorNet, sensor_data
 from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
 
 
 def demo_model():
-    data = sensor_data()
-    g = torch.Generator().manual_seed(1)
-
-    def batch():
-        i = torch.randint(0, 12288, (DEMO_BATCH,), generator=g)
-        return (data["readings"][i], data["pressure"][i]), data["label"][i]
-
-    torch.manual_seed(0)
-    return "demo model (SensorNet, batch 1024, Adam)", SensorNet(), torch.optim.Adam, batch, nn.functional.cross_entropy
+    model, batch = demo_batches()
+    return "demo model (SensorNet, batch 1024, Adam)", model, torch.optim.Adam, batch, nn.functional.cross_entropy
 
 
 def gpt10m():
@@ -96,17 +89,7 @@ def timed_run(model, make_optimizer, batch, loss_fn, steps: int, warmup: int, ev
 
 def save_time() -> tuple:
     """Seconds for report.save (with figures) of a 12-layer GPT's report, and its layer count."""
-    cfg = GPTConfig(n_layer=12, n_embd=64, n_head=4, block_size=32)
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with watch(model) as w:
-        for x, y in token_batches(cfg, 4, 3):
-            _, loss = model(x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    report = w.report()
+    report = gpt_report()
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         report.save(folder)
