@@ -10,8 +10,7 @@ starts, so layer names are those of `model.named_modules()`.
 
 from __future__ import annotations
 
-from ..analyze.hooks import DEFAULT_FORMATS
-from .observation import FitObservation
+from .observation import ObservingCallback
 
 try:
     from lightning.pytorch import Callback
@@ -19,7 +18,7 @@ except ImportError:  # the older standalone package
     from pytorch_lightning import Callback
 
 
-class LightningCallback(Callback):
+class LightningCallback(ObservingCallback, Callback):
     """Run fpsim's analyzer over `trainer.fit` and write the report into `out` when the fit ends.
 
     formats and every other keyword (kinds, modules, ops, every, ...) are
@@ -27,20 +26,6 @@ class LightningCallback(Callback):
     into, every `tensorboard_every` optimizer steps and at the end. After the
     fit, `.report` is the Report and `.paths` the files written.
     """
-
-    def __init__(self, out="fpsim-report", formats=DEFAULT_FORMATS, *, tensorboard=None,
-                 tensorboard_every: int = 50, **watch_options):
-        super().__init__()
-        self.observation = FitObservation(out, formats, tensorboard=tensorboard, tensorboard_every=tensorboard_every,
-                                          **watch_options)
-
-    @property
-    def report(self):
-        return self.observation.report
-
-    @property
-    def paths(self) -> dict:
-        return self.observation.paths
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.observation.start(pl_module)

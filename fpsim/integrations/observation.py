@@ -121,3 +121,21 @@ class FitObservation:
                 writer.close()
             except Exception as err:
                 warnings.warn(f"fpsim: closing the TensorBoard writer failed: {err}", RuntimeWarning)
+
+
+class ObservingCallback:
+    """The part of both callbacks that is not the framework's: their options, `.report` and `.paths`."""
+
+    def __init__(self, out="fpsim-report", formats=DEFAULT_FORMATS, *, tensorboard=None,
+                 tensorboard_every: int = 50, **watch_options):
+        super().__init__()
+        self.observation = FitObservation(out, formats, tensorboard=tensorboard, tensorboard_every=tensorboard_every,
+                                          **watch_options)
+
+    @property
+    def report(self):
+        return self.observation.report
+
+    @property
+    def paths(self) -> dict:
+        return self.observation.paths

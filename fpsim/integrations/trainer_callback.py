@@ -17,11 +17,10 @@ import sys
 
 import transformers
 
-from ..analyze.hooks import DEFAULT_FORMATS
-from .observation import FitObservation
+from .observation import ObservingCallback
 
 
-class TrainerCallback(transformers.TrainerCallback):
+class TrainerCallback(ObservingCallback, transformers.TrainerCallback):
     """Run fpsim's analyzer over `Trainer.train()` and write the report into `out` when training ends.
 
     formats and every other keyword (kinds, modules, ops, every, ...) are
@@ -29,19 +28,6 @@ class TrainerCallback(transformers.TrainerCallback):
     into, every `tensorboard_every` optimizer steps and at the end. After
     training, `.report` is the Report and `.paths` the files written.
     """
-
-    def __init__(self, out="fpsim-report", formats=DEFAULT_FORMATS, *, tensorboard=None,
-                 tensorboard_every: int = 50, **watch_options):
-        self.observation = FitObservation(out, formats, tensorboard=tensorboard, tensorboard_every=tensorboard_every,
-                                          **watch_options)
-
-    @property
-    def report(self):
-        return self.observation.report
-
-    @property
-    def paths(self) -> dict:
-        return self.observation.paths
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
