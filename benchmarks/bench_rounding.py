@@ -24,8 +24,10 @@ again together at the end.
 * float64: the same values as float64. fpsim.encode against ml_dtypes' cast of
   the float64 array (which ml_dtypes >= 0.7 rounds once, as fpsim does; numpy's
   own astype for fp32), and fpsim's float64 time per element against its own
-  float32 time (target: at most 1.5 times), for encode and quantize; then the
-  memory fpsim allocates beyond the output it returns (target: at most the
+  float32 time (target: at most 1.5 times), for encode and quantize, beside the
+  same ratio for numpy moving the same bytes (the memory floor: an integer cast
+  of the input's bits to the codes' width, a copy), and the two divided; then
+  the memory fpsim allocates beyond the output it returns (target: at most the
   output's size).
 
 A ratio is peer time / fpsim time: above 1 means fpsim is faster. Each peer
@@ -234,15 +236,29 @@ def extra_bytes_per_element(fn, n: int, output_bytes: int) -> float:
     return (peak - output_bytes) / n
 
 
+def memory_floors(data64: np.ndarray, data32: np.ndarray, fmt, repeats: int) -> tuple[float, float]:
+    """What float64 input costs numpy per element against float32 input when it moves the same bytes as
+    fpsim: for encode, an integer cast of the input's bits to the codes' width (reads the input, writes
+    the codes); for quantize, a copy (reads and writes the input's width). A float64/float32 ratio at
+    this floor is memory traffic and page faults, which no float64 kernel avoids."""
+    codes = np.dtype(f"uint{max(8, 1 << (fmt.bits - 1).bit_length())}")
+    bits64, bits32 = data64.view(np.uint64), data32.view(np.uint32)
+    (enc64, enc32, copy64, copy32), _ = best_times(lambda: bits64.astype(codes), lambda: bits32.astype(codes),
+                                                   data64.copy, data32.copy, repeats=repeats)
+    return enc64 / enc32, copy64 / copy32
+
+
 def float64_section(env: Env) -> list[str]:
     args, ml_dtypes = env.args, env.ml_dtypes
     print(f"float64: the same {args.n:,} values as float64; times in ms; ratio = peer / fpsim; "
-          f"per element = fpsim on float64 / fpsim on float32, timed in turn (above 1: float64 is slower)\n")
+          f"per element = fpsim on float64 / fpsim on float32, timed in turn (above 1: float64 is slower); "
+          f"floor = the same ratio for numpy moving the same bytes (see memory_floors)\n")
     header = (f"{'format':9} {'mode':13} {'encode':>8} {'quantize':>8} | {'peer':>9} {'ratio':>6} {'agree':>6} | "
-              f"{'encode/f32':>10} {'quantize/f32':>12}")
+              f"{'encode/f32':>10} {'floor':>5} {'quantize/f32':>12} {'floor':>5}")
     print(header)
     print("-" * len(header))
     against_peer, per_element_encode, per_element_quantize, memory = [], [], [], []
+    beyond_floor_encode, beyond_floor_quantize = [], []
     names = [n for n in FLOAT64_FORMATS if n in env.formats or n == "fp32"]
     for name in names:
         fmt = fpsim.format(name)
@@ -254,6 +270,7 @@ def float64_section(env: Env) -> list[str]:
             peer = lambda: data.astype(fmt.ml_dtype)  # noqa: E731
         else:
             peer = None
+        floor_encode, floor_quantize = memory_floors(data, data32, fmt, args.repeats)
         for mode in MODES:
             kwargs = kwargs_for(mode)
             fns = [lambda: fpsim.encode(data, fmt, mode, **kwargs), lambda: fpsim.quantize(data, fmt, mode, **kwargs),
@@ -270,8 +287,11 @@ def float64_section(env: Env) -> list[str]:
                 against_peer.append((t_peer / t_enc, name, mode))
             per_element_encode.append((t_enc32 / t_enc, name, mode))
             per_element_quantize.append((t_q32 / t_q, name, mode))
+            beyond_floor_encode.append((floor_encode * t_enc32 / t_enc, name, mode))
+            beyond_floor_quantize.append((floor_quantize * t_q32 / t_q, name, mode))
             print(f"{name:9} {mode:13} {t_enc * 1e3:8.1f} {t_q * 1e3:8.1f} | {pair(t_peer, t_enc)} "
-                  f"{pct(peer_agree):>6} | {t_enc / t_enc32:10.2f} {t_q / t_q32:12.2f}", flush=True)
+                  f"{pct(peer_agree):>6} | {t_enc / t_enc32:10.2f} {floor_encode:5.2f} {t_q / t_q32:12.2f} "
+                  f"{floor_quantize:5.2f}", flush=True)
             if mode in ("nearest_even", "stochastic"):
                 extra = extra_bytes_per_element(lambda: fpsim.quantize(data, fmt, mode, **kwargs), args.n, data.nbytes)
                 memory.append((-extra, name, mode))
@@ -283,6 +303,10 @@ def float64_section(env: Env) -> list[str]:
         + worst(per_element_encode, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times (target <= 1.5)"),
         "float64, time per element against fpsim's float32 path, quantize, slowest: "
         + worst(per_element_quantize, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times (target <= 1.5)"),
+        "float64, the same beyond the memory floor (per element / floor), encode, slowest: "
+        + worst(beyond_floor_encode, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times"),
+        "float64, the same beyond the memory floor (per element / floor), quantize, slowest: "
+        + worst(beyond_floor_quantize, lambda r, n, m: f"{n} {m}, {1 / r:.2f} times"),
         "float64, quantize's memory beyond its 8-byte output, most: "
         + worst(memory, lambda r, n, m: f"{n} {m}, {-r:.2f} bytes per element (target <= 8)"),
     ]
