@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _arrays, _native, philox
+from . import _arrays, _compiled, _native, philox
 from ._options import RoundingOptions, check_options, refuse_values_without_code
 from .modes import ROUNDING_MODES, mode as get_mode
 from .formats import Format, format as get_format
@@ -47,6 +47,7 @@ def quantize(
     flush_subnormal_inputs: bool = False,
     flush_subnormal_outputs: bool = False,
     grad: str = "identity",
+    compile: bool = False,
     **block_options,
 ):
     """Round `x` to the nearest values of `fmt` under `rounding`; same array type and device back.
@@ -75,6 +76,11 @@ def quantize(
     grad: for a torch tensor that requires grad, what backward does:
        ``"identity"`` (straight-through), ``"clipped"`` (zero where |x| > max),
        ``"none"`` (a detached result).
+    compile: for torch tensors, round through the engine compiled by
+       torch.compile: one fused kernel per format and options (a Triton kernel
+       on a GPU), the same bits; the first call per format, options, dtype and
+       device compiles (seconds). Deterministic modes. On the CPU the built-in
+       C kernel is faster: compile is for GPU tensors.
 
     The result dtype is the input's when it holds every value of `fmt`
     (float32 in, float32 out for FP8), else float32 or float64. Inputs that
@@ -88,21 +94,27 @@ def quantize(
         fmt = blocks.format(fmt)
     options = check_options(rounding, saturate, seed, generator, rand_bits, flush_subnormal_inputs,
                             flush_subnormal_outputs, grad)
+    if not isinstance(compile, (bool, np.bool_)):
+        raise TypeError(f"compile must be True or False, got {type(compile).__name__} {compile!r}")
     if not isinstance(fmt, Format):
+        if compile:
+            raise ValueError(f"compile=True applies to element formats, not the block format {fmt.name}")
         return _quantize_blocks(x, fmt, options, block_options)
     if block_options:
         raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
                         f"block formats only)")
     accepted = _arrays.accept(x)
     array = accepted.array
+    if compile:
+        _compiled.check(array, options.rounding)
     if _arrays.is_torch(array) and array.requires_grad:
-        rounded = round_array(array.detach(), fmt, options)
+        rounded = round_array(array.detach(), fmt, options, compile)
         if options.grad != "none" and _arrays._torch.is_grad_enabled():
             from ._autograd import straight_through
 
             rounded = straight_through(array, rounded, fmt, options.grad)
         return accepted.give_back(rounded)
-    return accepted.give_back(round_array(array, fmt, options))
+    return accepted.give_back(round_array(array, fmt, options, compile))
 
 
 def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
@@ -128,9 +140,10 @@ def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
     return straight_through(x, rounded, None, "identity")
 
 
-def round_array(array, fmt: Format, options: RoundingOptions):
+def round_array(array, fmt: Format, options: RoundingOptions, compile: bool = False):
     """The engine on an accepted numpy array or torch tensor (see `_arrays.accept`): rounded values
-    in the result dtype. Refuses inputs that have no value in `fmt`."""
+    in the result dtype. Refuses inputs that have no value in `fmt`. compile: the engine compiled
+    by torch.compile (`_compiled`; float tensors, deterministic modes)."""
     in_fmt = _arrays.input_format(array)
     out_fmt = _arrays.result_format(in_fmt, fmt)
     if _arrays.is_meta(array):  # no data to round: the result's shape and dtype
@@ -138,6 +151,8 @@ def round_array(array, fmt: Format, options: RoundingOptions):
     refuse_values_without_code(array, fmt, options.flush_inputs)
     engine = options.engine()
     ops = _arrays.Ops(array)
+    if compile:
+        return ops.as_dtype_of(_compiled.round_bits(_working_values(array, out_fmt, ops), fmt, engine), out_fmt)
     key = philox.key_from(options.seed, options.generator, ops.torch) if options.rounding == "stochastic" else None
     result = _quantize_native(array, in_fmt, out_fmt, fmt, ops, engine, key)
     if result is None:
@@ -287,7 +302,10 @@ def decompose(w, ops) -> Parts:
     lsb_exp = ops.clip(e_field, lo=1) - (bias_in + P)
     is_zero = sig == 0
     special = is_nan | is_inf
-    exponent = ops.where(is_zero | special, 0, ops.floor_log2(ops.where(special, 1.0, w)))
+    # floor(log2|w|): the biased field for normal numbers; for subnormals, the bit length of the
+    # significand, read from the exponent of its (exact) float64 value: integer work only
+    sig_log2 = (ops.float_bits(ops.astype(sig, "float64")) >> 52) - 1023
+    exponent = ops.where(is_zero | special, 0, ops.where(e_field > 0, e_field - bias_in, sig_log2 + lsb_exp))
     return Parts(width, P, u < 0, is_nan, is_inf, is_zero, sig, lsb_exp, exponent)
 
 
@@ -372,8 +390,10 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
     if not fmt.zero:
         invalid = invalid | is_zero
     # Every NaN, whether from the input or from overflow, gets the canonical bits by
-    # construction: negating a NaN does not flip its sign on every device.
-    invalid = invalid | (result != result)
+    # construction: negating a NaN does not flip its sign on every device. NaN is found in the
+    # bits: compiled code (torch.compile) may assume that x != x never holds.
+    P, _, magnitude_mask = _LAYOUT[width]
+    invalid = invalid | ((ops.float_bits(result) & magnitude_mask) > ((magnitude_mask >> P) << P))
     return ops.where(invalid, _nan_like(fmt, negative, w, ops, width), result)
 
 

@@ -216,8 +216,20 @@ def time_gpu(report) -> None:
         dtype = PRESETS[name].torch_dtype
         t_torch = timed(lambda: x.to(dtype).to(torch.float32))
         t_fpsim = timed(lambda: fpsim.quantize(x, name))
-        report["gpu_timing_ms"][name] = {"torch_roundtrip": t_torch * 1e3, "fpsim_quantize": t_fpsim * 1e3,
-                                         "ratio_torch_over_fpsim": t_torch / t_fpsim}
+        entry = {"torch_roundtrip": t_torch * 1e3, "fpsim_quantize": t_fpsim * 1e3,
+                 "ratio_torch_over_fpsim": t_torch / t_fpsim}
+        try:  # the fused kernel: the engine compiled by torch.compile (Triton), the same bits
+            start = time.perf_counter()
+            fused = fpsim.quantize(x, name, compile=True)
+            torch.cuda.synchronize()
+            entry["compile_first_call_s"] = time.perf_counter() - start
+            entry["compiled_bits_equal"] = bool(torch.equal(fused.view(torch.int32),
+                                                            fpsim.quantize(x, name).view(torch.int32)))
+            t_compiled = timed(lambda: fpsim.quantize(x, name, compile=True))
+            entry.update(fpsim_quantize_compiled=t_compiled * 1e3, ratio_torch_over_compiled=t_torch / t_compiled)
+        except Exception as err:  # noqa: BLE001 - reported
+            entry["compiled_error"] = repr(err)[:500]
+        report["gpu_timing_ms"][name] = entry
 
 
 def main() -> int:
