@@ -125,14 +125,19 @@ class Autocast(Replay):
 
 
 class EmulatedAutocast(Autocast):
-    """torch.autocast's op policy in `dtype`, every FP16/BF16 op computed in FP32 and rounded once (module doc)."""
+    """torch.autocast's op policy in `dtype`, every FP16/BF16 op computed in FP32 and rounded once (module doc).
+
+    compute: the FP32Compute mode to use; one kept across replays keeps its per-op caches (the output dtypes
+    it asks each op's meta kernel for once: the first replay of a model costs several replays' time)."""
+
+    def __init__(self, core, module_names, device_type, dtype, keep, found, compute):
+        super().__init__(core, module_names, device_type, dtype, keep, found)
+        self.compute = compute
 
     def arithmetic(self):
-        from ..emulate.compute import FP32Compute
-
         stack = contextlib.ExitStack()
         stack.enter_context(_PythonDispatch())
-        stack.enter_context(FP32Compute())
+        stack.enter_context(self.compute)
         return stack
 
 

@@ -175,6 +175,7 @@ class ShadowSteps:
         self._layer_names: dict = {}          # id(module) -> the watcher's record name
         self._escalated: set = set()          # formats whose other candidate scales are replayed
         self._turn = 0                        # position in the rotation: the noise floor, then each format
+        self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
 
     @property
     def numerics(self) -> str:
@@ -369,10 +370,16 @@ class ShadowSteps:
             found: dict = {}
             if lim.per_tensor_scaled:
                 context = FakeQuant(self.core, self._module_names, lim, keep, found)
+            elif self.numerics == "emulated":
+                if self._compute is None:
+                    from ..emulate.compute import FP32Compute
+
+                    self._compute = FP32Compute()
+                context = EmulatedAutocast(self.core, self._module_names, device,
+                                           getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found, self._compute)
             else:
-                replay = EmulatedAutocast if self.numerics == "emulated" else Autocast
-                context = replay(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
-                                 keep, found)
+                context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
+                                   keep, found)
             last = attempt == MAX_OVERFLOW_PASSES - 1
             grads = self._backward(capture, params, context, scales, stop=None if last else lambda: bool(found),
                                    escalate=lambda result: self._escalate(lim, result, ref))
