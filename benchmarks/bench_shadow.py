@@ -4,17 +4,17 @@
 
 Each model trains from the same initial weights, interleaved `repeats` times:
 unobserved; observed every 10th step (the peer: watch without shadow steps);
-observed and shadowed every 10th step, with the default formats (fp16, bf16,
-e4m3, e5m2) and with bf16 alone. A run's time is the mean step time over
-steps 10..29 (two shadowed steps in twenty, exactly one in ten); a
-configuration's time is the fastest of its runs. Target: shadowed every 10th
-step <= 1.3x the unobserved run.
+observed and shadowed every 10th step with the default formats (fp16, bf16,
+e4m3, e5m2), FP16/BF16 replayed emulated (the default) and through torch's
+own autocast kernels (shadow numerics "autocast"); and with bf16 alone. A
+run's time is the mean step time over steps 10..59: five shadowed steps, one
+whole rotation of the default formats' turns (the noise floor, then each
+format: fpsim.analyze.shadow); a configuration's time is the fastest of its
+runs. Target: shadowed every 10th step <= 1.3x the unobserved run.
 
-A shadow step replays the step's forward and backward in FP32 (the
-reference), on each half of the batch (the noise floor) and in each format;
-FP16 and BF16 run in torch.autocast, whose CPU kernels are much slower than
-FP32 ones (no FP16 matrix units). That cost is printed beside: the step time
-of real CPU autocast FP16 and BF16 training against FP32, in the same run.
+The step time of real CPU autocast FP16 and BF16 training against FP32 is
+printed beside: what one replay through torch's CPU autocast kernels costs
+(no FP16/BF16 matrix units on most CPUs), the reason for emulated numerics.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from common import demo_batches
 from fpsim.analyze import watch
 from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
 
-WARMUP, MEASURED = 10, 20
+WARMUP, MEASURED = 10, 50
 
 
 def demo_model():
@@ -59,7 +59,11 @@ def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> flo
     """Mean seconds per step over steps WARMUP..WARMUP+MEASURED-1; under watch(**options) when given."""
     model = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    options = dict(options) if options is not None else None
+    numerics = options.pop("shadow_numerics", None) if options is not None else None
     w = watch(model, **options).attach() if options is not None else None
+    if numerics is not None:
+        w.shadow.numerics = numerics
     try:
         for step in range(WARMUP + MEASURED):
             if step == WARMUP:
@@ -84,6 +88,7 @@ CONFIGS = {
     "unobserved": None,
     "watch every 10 (peer)": {"every": 10},
     "watch + shadow every 10": {"every": 10, "shadow_every": 10},
+    "watch + shadow every 10, autocast": {"every": 10, "shadow_every": 10, "shadow_numerics": "autocast"},
     "watch + shadow every 10, bf16 only": {"every": 10, "shadow_every": 10, "formats": ("bf16",)},
 }
 
