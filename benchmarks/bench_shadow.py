@@ -10,7 +10,9 @@ own autocast kernels (shadow numerics "autocast"); and with bf16 alone. A
 run's time is the mean step time over steps 10..59: five shadowed steps, one
 whole rotation of the default formats' turns (the noise floor, then each
 format: fpsim.analyze.shadow); a configuration's time is the fastest of its
-runs. Target: shadowed every 10th step <= 1.3x the unobserved run.
+runs. Target: shadowed every 10th step <= 1.3x the unobserved run. Wall and
+process CPU time are both printed: on a machine shared with other work, CPU
+time (one thread) is the steadier of the two.
 
 The step time of real CPU autocast FP16 and BF16 training against FP32 is
 printed beside: what one replay through torch's CPU autocast kernels costs
@@ -55,8 +57,8 @@ def small_gpt():
 MODELS = {"demo": demo_model, "gpt": small_gpt}
 
 
-def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> float:
-    """Mean seconds per step over steps WARMUP..WARMUP+MEASURED-1; under watch(**options) when given."""
+def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> tuple:
+    """Mean (wall, CPU) seconds per step over steps WARMUP..WARMUP+MEASURED-1; under watch(**options) when given."""
     model = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     options = dict(options) if options is not None else None
@@ -67,7 +69,7 @@ def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> flo
     try:
         for step in range(WARMUP + MEASURED):
             if step == WARMUP:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
             x, y = batch()
             if autocast is not None:
                 with torch.autocast("cpu", dtype=autocast):
@@ -78,7 +80,7 @@ def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> flo
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return (time.perf_counter() - start) / MEASURED
+        return (time.perf_counter() - start) / MEASURED, (time.process_time() - start_cpu) / MEASURED
     finally:
         if w is not None:
             w.close()
@@ -108,10 +110,13 @@ def main() -> None:
                 times[name].append(timed_run(model, batch, loss_fn, options))
             times["autocast fp16 training"].append(timed_run(model, batch, loss_fn, None, torch.float16))
             times["autocast bf16 training"].append(timed_run(model, batch, loss_fn, None, torch.bfloat16))
-        base = min(times["unobserved"])
-        print(f"{title}: {MEASURED} steps after {WARMUP}, best of {args.repeats}, {args.threads} thread(s)")
+        base = [min(t[i] for t in times["unobserved"]) for i in (0, 1)]
+        print(f"{title}: {MEASURED} steps after {WARMUP}, best of {args.repeats}, {args.threads} thread(s); "
+              f"wall and process CPU time")
         for name, values in times.items():
-            print(f"  {name:<36} {min(values) * 1e3:9.2f} ms/step  {min(values) / base:6.2f}x unobserved")
+            wall, cpu = (min(t[i] for t in values) for i in (0, 1))
+            print(f"  {name:<36} {wall * 1e3:9.2f} ms/step {wall / base[0]:6.2f}x   CPU {cpu * 1e3:9.2f} ms/step "
+                  f"{cpu / base[1]:6.2f}x unobserved")
 
 
 if __name__ == "__main__":
