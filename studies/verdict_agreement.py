@@ -12,6 +12,7 @@ when each part of the recommendation was needed exactly where fpsim said so.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import sys
 
@@ -28,9 +29,10 @@ CLAIM = (
     "the FP32 gradient already carries (docs/verdicts.md). If the verdicts are right, real FP16 training "
     "fails (or trains worse) exactly when fpsim asks for something, and trains as FP32 did once given it."
 )
-TOLERANCE = 0.02
-"""A real run trains worse than FP32 when its metric is non-finite or above FP32's by more than 2% of the
-untrained model's metric (a share of the problem's scale: relative to a loss near 0, any difference is large)."""
+SPREAD_SEEDS = (1, 2)
+"""FP32 is trained again with these seeds (dropout masks and batches: the run's own randomness), from the same
+weights: how far its metric moves under a change that is no numerics at all. A real low-precision run trains
+worse than FP32 when its metric is non-finite or above the seeded FP32 run's by more than that spread."""
 
 
 # ------------------------------------------------------------------ models
@@ -183,12 +185,17 @@ def observe(task, shadow_every: int, steps: int):
     return w.report()
 
 
-def real(task, **options):
+def real(task, seed: int = 0, **options):
+    """The task's metric after real training (train_real's options); seed 0: the batches and dropout masks of
+    every compared run; seed k: dropout from torch.manual_seed(k) and the next batches of the same stream (those
+    after the first k * steps)."""
     from fpsim.analyze.planted import train_real
 
     model = copy.deepcopy(task["model"])
-    torch.manual_seed(0)                 # the same dropout masks in every run
-    result = train_real(model, task["loss"], task["batches"](task["steps"]), **options)
+    steps = task["steps"]
+    batches = itertools.islice(task["batches"]((seed + 1) * steps), seed * steps, None)
+    torch.manual_seed(seed)
+    result = train_real(model, task["loss"], batches, **options)
     value = task["evaluate"](model) if all(math.isfinite(v) for v in result["losses"][-5:]) else math.nan
     return value, result["skipped"]
 
@@ -201,8 +208,9 @@ def recommendation(report, fmt: str):
     return keep, scale or 0
 
 
-def worse(value, reference, untrained) -> bool:
-    return not math.isfinite(value) or value > reference + TOLERANCE * untrained
+def worse(value, reference, spread) -> bool:
+    """Non-finite, or above the FP32 run's metric by more than FP32's own seed-to-seed spread."""
+    return not math.isfinite(value) or value > reference + spread
 
 
 def describe(keep, scale) -> str:
@@ -226,63 +234,146 @@ def fmt_value(v) -> str:
     return "NaN/Inf" if not math.isfinite(v) else f"{v:.4f}"
 
 
+FAST_TASKS = ("harmless", "aux_head", "overflow", "cnn")
+SLOW_TASKS = ("gpt", "demo")
+"""The rows: the fast version (the test suite's) leaves out the slowest models."""
+SHADOW_EVERY = 5
+
+
+def make_task(key: str, fast: bool):
+    return planted_task(key, fast) if key in PLANTED else globals()[f"{key}_task"](fast)
+
+
+def observed(key: str, fast: bool):
+    """fpsim's side of a row: (recommendation fp16, recommendation bf16, what the counts said, untrained metric)."""
+    torch.set_num_threads(1)
+    task = make_task(key, fast)
+    analysis = observe(task, SHADOW_EVERY, min(task["steps"], 40))
+    return (recommendation(analysis, "fp16"), recommendation(analysis, "bf16"), counted(analysis, "fp16"),
+            task["evaluate"](copy.deepcopy(task["model"])))
+
+
+def trained(key: str, fast: bool, seed: int = 0, dtype=None, keep_fp32=(), scale_log2: int = 0) -> float:
+    """Reality's side: the metric after real training (see `real`)."""
+    torch.set_num_threads(1)
+    options = {} if dtype is None else {"dtype": dtype, "keep_fp32": keep_fp32, "scale_log2": scale_log2}
+    return real(make_task(key, fast), seed, **options)[0]
+
+
+def _map(calls):
+    """[f(*args) for f, args in calls], each in a forked process, as many at a time as there are cores (every
+    run is seeded: the results are those of one process); in this process where fork is not available."""
+    import multiprocessing
+    import multiprocessing.connection
+    import os
+
+    workers = os.cpu_count() or 1
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [f(*args) for f, args in calls]
+    context = multiprocessing.get_context("fork")     # fork: the study module need not be importable by name
+    todo, running, results = list(enumerate(calls)), [], {}
+    while todo or running:
+        while todo and len(running) < workers:
+            i, (f, args) = todo.pop(0)
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(f, args, writer))
+            process.start()
+            writer.close()
+            running.append((i, process, reader))
+        ready = multiprocessing.connection.wait([reader for _, _, reader in running])
+        for entry in [e for e in running if e[2] in ready]:
+            i, process, reader = entry
+            try:
+                ok, value = reader.recv()
+            except EOFError:
+                ok, value = False, f"the worker process ended with exit code {process.join() or process.exitcode}"
+            process.join()
+            running.remove(entry)
+            if not ok:
+                raise RuntimeError(f"{calls[i][0].__name__}{calls[i][1]}: {value}")
+            results[i] = value
+    return [results[i] for i in range(len(calls))]
+
+
+def _child(f, args, writer):
+    try:
+        writer.send((True, f(*args)))
+    except BaseException as err:           # reported by the parent, which raises
+        writer.send((False, f"{type(err).__name__}: {err}"))
+
+
 def run(report, fast: bool) -> None:
     torch.set_num_threads(1)
-    tasks = [planted_task("harmless", fast), planted_task("aux_head", fast), planted_task("overflow", fast),
-             cnn_task(fast)]
-    if not fast:             # the fast version (the test suite's) leaves out the slowest models
-        tasks += [gpt_task(fast), demo_task(fast)]
-    shadow_every = 5
+    keys = FAST_TASKS if fast else FAST_TASKS + SLOW_TASKS
+    about = {key: {k: task[k] for k in ("name", "steps", "metric")} for key, task in
+             ((key, make_task(key, fast)) for key in keys)}
+    shadow_every = SHADOW_EVERY
     rows, agree_all = [], True
     report.section("Method")
     report.text(f"""
 Each model is first trained in FP32 for min(N, 40) steps with Adam (lr 1e-2) under
 `fpsim.watch(model, formats=("fp16", "bf16"), shadow_every={shadow_every})`: every {shadow_every}th step is
-replayed in FP16 and BF16 autocast, and each layer is judged by its gradient error against its noise floor.
+replayed (the noise floor, FP16 and BF16 taking turns; FP16/BF16 emulated, the default), and each layer is
+judged by its gradient error against its noise floor.
 fpsim's recommendation for a format is: the layers judged `fp32` kept outside autocast, and the recommended
 loss scale. Then the model is trained for real from the same initial weights and batches (CPU torch.autocast,
 torch's own FP16/BF16 arithmetic; a static loss scale, steps with non-finite gradients skipped as GradScaler
-does), and its metric measured afterwards in FP32. A real run is *worse* when its metric is non-finite or
-more than {TOLERANCE:.0%} of the untrained model's metric above the FP32 run's (a relative margin would call any
-difference from a loss near 0 large), and the global RNG is seeded alike before every run (the same dropout
-masks). A row agrees when: FP16 as it is is worse exactly when fpsim
+does), and its metric measured afterwards in FP32; the global RNG is seeded alike before every run (the same
+dropout masks). FP32 is also trained again with seeds {", ".join(map(str, SPREAD_SEEDS))} (dropout masks from
+torch.manual_seed(k), and the next batches of the same stream), from the same weights: the *FP32 spread* is
+the largest distance of those metrics from the seeded FP32 run's, how far this training moves under a
+perturbation that involves no numerics. A real run is *worse* when its metric is non-finite or above the
+seeded FP32 run's by more than that spread. A row agrees when: FP16 as it is is worse exactly when fpsim
 recommends anything; FP16 with only the FP32 layers is worse exactly when fpsim recommends a scale above 1;
-FP16 and BF16 with their recommendations are not worse.
+FP16 and BF16 with their recommendations are not worse. (The runs are independent and seeded: they run in
+parallel processes where the machine has several cores.)
 """)
-    for task in tasks:
-        obs_steps = min(task["steps"], 40)
-        analysis = observe(task, shadow_every, obs_steps)
-        keep16, scale16 = recommendation(analysis, "fp16")
-        keep_bf, scale_bf = recommendation(analysis, "bf16")
-        untrained = task["evaluate"](copy.deepcopy(task["model"]))
-        fp32, _ = real(task)
-        as_is, skipped = real(task, dtype=torch.float16)
-        kept, _ = real(task, dtype=torch.float16, keep_fp32=keep16)
-        full, _ = real(task, dtype=torch.float16, keep_fp32=keep16, scale_log2=scale16)
-        bf16, _ = real(task, dtype=torch.bfloat16, keep_fp32=keep_bf, scale_log2=scale_bf)
-        agrees = (worse(as_is, fp32, untrained) == bool(keep16 or scale16)
-                  and worse(kept, fp32, untrained) == bool(scale16)
-                  and not worse(full, fp32, untrained) and not worse(bf16, fp32, untrained))
+    sides = dict(zip(keys, _map([(observed, (key, fast)) for key in keys])))
+    calls = {}
+    for key in keys:
+        (keep16, scale16), (keep_bf, scale_bf), _, _ = sides[key]
+        calls[key, "fp32"] = (key, fast)
+        for seed in SPREAD_SEEDS:
+            calls[key, f"seed {seed}"] = (key, fast, seed)
+        calls[key, "fp16"] = (key, fast, 0, torch.float16)
+        # a run with the same options as one before is the same computation (seeded alike): not repeated
+        if keep16:
+            calls[key, "fp16_kept"] = (key, fast, 0, torch.float16, keep16)
+        if scale16:
+            calls[key, "fp16_recommended"] = (key, fast, 0, torch.float16, keep16, scale16)
+        calls[key, "bf16_recommended"] = (key, fast, 0, torch.bfloat16, keep_bf, scale_bf)
+    metrics = dict(zip(calls, _map([(trained, args) for args in calls.values()])))
+    for key in keys:
+        name, steps, metric = about[key]["name"], about[key]["steps"], about[key]["metric"]
+        (keep16, scale16), (keep_bf, scale_bf), said, untrained = sides[key]
+        fp32, as_is = metrics[key, "fp32"], metrics[key, "fp16"]
+        spread = max(abs(metrics[key, f"seed {seed}"] - fp32) for seed in SPREAD_SEEDS)
+        kept = metrics.get((key, "fp16_kept"), as_is)
+        full = metrics.get((key, "fp16_recommended"), kept)
+        bf16 = metrics[key, "bf16_recommended"]
+        agrees = (worse(as_is, fp32, spread) == bool(keep16 or scale16)
+                  and worse(kept, fp32, spread) == bool(scale16)
+                  and not worse(full, fp32, spread) and not worse(bf16, fp32, spread))
         agree_all &= agrees
-        rows.append([task["name"], f"{task['steps']} ({task['metric']}; untrained {untrained:.3g})",
-                     describe(keep16, scale16),
-                     counted(analysis, "fp16"), fmt_value(fp32), fmt_value(as_is), fmt_value(kept), fmt_value(full),
+        rows.append([name, f"{steps} ({metric}; untrained {untrained:.3g})", describe(keep16, scale16), said,
+                     fmt_value(fp32), f"{spread:.4f}", fmt_value(as_is), fmt_value(kept), fmt_value(full),
                      describe(keep_bf, scale_bf), fmt_value(bf16), "yes" if agrees else "**no**"])
-        report.values[task["name"]] = {"fp32": fp32, "fp16": as_is, "fp16_kept": kept, "fp16_recommended": full,
-                                       "bf16_recommended": bf16, "fp16_recommendation": [list(keep16), scale16],
-                                       "agrees": agrees}
+        report.values[name] = {"fp32": fp32, "fp32_spread": spread, "fp16": as_is, "fp16_kept": kept,
+                               "fp16_recommended": full, "bf16_recommended": bf16,
+                               "fp16_recommendation": [list(keep16), scale16], "agrees": agrees}
     report.section("Agreement")
-    report.table(["model", "steps (metric)", "fpsim FP16", "value counts said (FP16)", "FP32", "FP16 as is",
+    report.table(["model", "steps (metric)", "fpsim FP16", "value counts said (FP16)", "FP32", "FP32 spread",
+                  "FP16 as is",
                   "FP16 + FP32 layers", "FP16 + recommendation", "fpsim BF16", "BF16 + recommendation", "agrees"],
                  rows, caption="Real CPU autocast training after N steps, from the same weights and batches; "
                                "the metric is measured in FP32 after training.")
     runs = ("fp16", "fp16_kept", "fp16_recommended", "bf16_recommended")
     labels = ("FP16 as is", "FP16 + FP32 layers", "FP16 + recommendation", "BF16 + recommendation")
-    ratios = {label: [report.values[t["name"]][r] / report.values[t["name"]]["fp32"] for t in tasks]
+    ratios = {label: [report.values[about[k]["name"]][r] / report.values[about[k]["name"]]["fp32"] for k in keys]
               for r, label in zip(runs, labels)}
-    report.figure(plots.sweep(list(range(1, len(tasks) + 1)), ratios, xlabel="model (rows of the table, in order)",
+    report.figure(plots.sweep(list(range(1, len(keys) + 1)), ratios, xlabel="model (rows of the table, in order)",
                               ylabel="metric / FP32 run's metric",
-                              marks=[(i + 1, str(i + 1)) for i in range(len(tasks))],
+                              marks=[(i + 1, str(i + 1)) for i in range(len(keys))],
                               title="Real CPU autocast training against FP32, per model"),
                   "ratios", "Each model's metric after real low-precision training divided by the FP32 run's; "
                             "missing points: the run ended in NaN/Inf. 1 is as good as FP32.")

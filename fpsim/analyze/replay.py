@@ -1,7 +1,13 @@
 """How a shadow step replays a step in a format: context managers around one functional_call forward.
 
 `FP32` is the reference (autocast off). `Autocast` runs torch.autocast in
-FP16 or BF16, real low-precision arithmetic. `FakeQuant` runs FP32 arithmetic
+FP16 or BF16, real low-precision arithmetic (torch's own kernels: on a CPU
+without FP16/BF16 matrix units these are many times slower than FP32 ones).
+`EmulatedAutocast` applies the same autocast op policy (the same casts, the
+same ops in the low format, the same tensors saved for backward) and computes
+every op on FP16/BF16 tensors in FP32, rounding each result once to its dtype
+(`fpsim.emulate.compute.FP32Compute`, forward and backward): what a GPU
+kernel does, at about FP32's cost. `FakeQuant` runs FP32 arithmetic
 with every GEMM module's (Linear, Conv, Bilinear) input and weight, and the
 gradient arriving at its output, fake-quantised in a per-tensor-scaled format
 with a current scale (max / amax, as fpsim.recipes.CurrentScaling) and a
@@ -13,6 +19,7 @@ outside autocast, their floating inputs cast to FP32.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 class FP32:
@@ -25,6 +32,10 @@ class FP32:
 
     def parameters(self, params: dict) -> dict:
         return params
+
+    def arithmetic(self):
+        """A context around the replay's forward and all its backwards (below autograd); none here."""
+        return contextlib.nullcontext()
 
     def __enter__(self):
         self._autocast.__enter__()
@@ -46,6 +57,10 @@ class Replay:
 
     def parameters(self, params: dict) -> dict:
         return params
+
+    def arithmetic(self):
+        """A context around the replay's forward and all its backwards (below autograd); none here."""
+        return contextlib.nullcontext()
 
     def __enter__(self):
         from torch.nn.modules import module as nn_module
@@ -107,6 +122,44 @@ class Autocast(Replay):
 
     def _exit(self):
         self._autocast.__exit__(None, None, None)
+
+
+class EmulatedAutocast(Autocast):
+    """torch.autocast's op policy in `dtype`, every FP16/BF16 op computed in FP32 and rounded once (module doc).
+
+    compute: the FP32Compute mode to use; one kept across replays keeps its per-op caches (the output dtypes
+    it asks each op's meta kernel for once: the first replay of a model costs several replays' time)."""
+
+    def __init__(self, core, module_names, device_type, dtype, keep, found, compute):
+        super().__init__(core, module_names, device_type, dtype, keep, found)
+        self.compute = compute
+
+    def arithmetic(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(_PythonDispatch())
+        stack.enter_context(self.compute)
+        return stack
+
+
+class _PythonDispatch:
+    """Python dispatch on again for a dispatch mode of the replay's own: the watcher runs its work, the replay
+    included, with it off (trace.Tracer.busy; its mode lets that work pass while busy); restored after."""
+
+    def __enter__(self):
+        import torch
+
+        self._keys = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+        self._before = [torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in self._keys]
+        for key in self._keys:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        for key, excluded in zip(self._keys, self._before):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+        return False
 
 
 GEMM_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear")

@@ -198,7 +198,7 @@ class Report:
             return None
         from .evidence import FALLBACK_THRESHOLD, MARGIN, MAX_TOLERATED_ERROR, MIN_TOLERATED_ERROR
 
-        keep = ("every", "scales_log2", "formats", "shadowed_steps", "steps", "unsplit_steps", "overflow_sources")
+        keep = ("every", "scales_log2", "numerics", "formats", "shadowed_steps", "steps", "unsplit_steps", "overflow_sources")
         out = {k: self.shadow[k] for k in keep if k in self.shadow}
         out["rule"] = {"margin": MARGIN, "min_tolerated_error": MIN_TOLERATED_ERROR,
                        "max_tolerated_error": MAX_TOLERATED_ERROR, "fallback_threshold": FALLBACK_THRESHOLD}

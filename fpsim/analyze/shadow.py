@@ -17,14 +17,24 @@ and restored after (the run's RNG stream is untouched):
   terms summed gA + gB = g, with a mean taken inside the model gA + gB = 2g and
   gA - gB doubles too, so the ratio holds either way);
 - each loss-scaled format that torch.autocast runs (fp16, bf16): the forward
-  under autocast, real low-precision arithmetic, then one backward per
-  candidate loss scale 2^s, the output gradient multiplied by 2^s and cast to
-  the output's dtype, as a GradScaler'd backward receives it, the weight
-  gradients divided back;
+  under autocast's op policy, then one backward per candidate loss scale 2^s,
+  the output gradient multiplied by 2^s and cast to the output's dtype, as a
+  GradScaler'd backward receives it, the weight gradients divided back. With
+  numerics="emulated" (the default) every FP16/BF16 op computes in FP32 and
+  rounds its result once (a GPU kernel's numerics, at about FP32's cost); with
+  "autocast", torch's own low-precision kernels (on a CPU without FP16/BF16
+  matrix units about 15 FP32 steps' time);
 - per-tensor-scaled formats (FP8, custom formats of 8 bits or fewer): the FP32
   forward with every Linear/Conv's input and weight, and the gradient arriving
   at its output, fake-quantised with a current per-tensor scale
   (CurrentScaling: format max / amax), straight-through gradients.
+
+The shadowed steps take turns: the first measures the noise floor, the next
+replays the reference and the first format, the next the reference and the
+second format, and so on round (a batch that cannot be halved gives its turn
+to the next format). A shadow step so costs about two FP32 forward-backward
+passes whatever the number of formats; each format's means are over its own
+turns, and the floor that decides escalation is the mean of those measured.
 
 A module whose low-precision output is non-finite while its inputs are finite
 is an overflow source; the replay is repeated with the sources kept in FP32 (as
@@ -44,11 +54,15 @@ import dataclasses
 import math
 import warnings
 
-from .replay import FP32, Autocast, FakeQuant, float_leaves
+from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, float_leaves
 
 NARROW_SCALES_LOG2 = (0, 8, 16)
 """Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
 AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+NUMERICS = ("emulated", "autocast")
+"""How FP16/BF16 shadow steps compute: "emulated", torch.autocast's op policy with each FP16/BF16 op computed in
+FP32 and rounded once (replay.EmulatedAutocast: a GPU kernel's numerics, at about FP32's cost); "autocast",
+torch's own low-precision kernels (replay.Autocast: on CPUs without FP16/BF16 matrix units ~15x slower)."""
 MAX_OVERFLOW_PASSES = 3
 """Replays with more overflow sources kept in FP32 before giving up on finding them all."""
 
@@ -94,6 +108,11 @@ class ShadowRecord:
         self.sources: dict = {}               # fmt -> {layer: steps it overflowed}
         self.unsplit_steps = 0                # steps whose batch could not be halved
 
+    def mean_floor(self, layer: str):
+        """The layer's noise floor, mean over the steps that measured it (None: none did)."""
+        total, n = self.floor.get(layer, (0.0, 0))
+        return total / n if n else None
+
     def to_dict(self) -> dict:
         """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}}},
         "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
@@ -101,9 +120,8 @@ class ShadowRecord:
         for (layer, fmt, scale), sums in self.sums.items():
             entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}})
             entry["formats"].setdefault(fmt, {})[scale] = sums.means()
-        for layer, (total, n) in self.floor.items():
-            if layer in layers and n:
-                layers[layer]["noise_floor"] = total / n
+        for layer in layers:
+            layers[layer]["noise_floor"] = self.mean_floor(layer)
         return {"shadowed_steps": self.count, "steps": list(self.steps), "layers": layers,
                 "overflow_sources": {f: dict(s) for f, s in self.sources.items()},
                 "unsplit_steps": self.unsplit_steps}
@@ -128,7 +146,8 @@ class ShadowSteps:
     """Capture and replay for one watched run. `attach(core, ...)` hooks the root model; the watcher calls
     `before_step(inverse_scale)` from its optimizer pre-step hook and `forget()` at the end of each step."""
 
-    def __init__(self, limits, every: int, scales=None):
+    def __init__(self, limits, every: int, scales=None, numerics: str = "emulated"):
+        self.numerics = numerics
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"shadow_every must be a positive int (replay every N-th step) or None, got {every!r}")
         if scales is None:
@@ -155,6 +174,19 @@ class ShadowSteps:
         self._module_names: dict = {}         # id(module) -> qualified name in core
         self._layer_names: dict = {}          # id(module) -> the watcher's record name
         self._escalated: set = set()          # formats whose other candidate scales are replayed
+        self._turn = 0                        # position in the rotation: the noise floor, then each format
+        self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
+
+    @property
+    def numerics(self) -> str:
+        """How FP16/BF16 are replayed: "emulated" (default) or "autocast" (NUMERICS)."""
+        return self._numerics
+
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        if value not in NUMERICS:
+            raise ValueError(f"shadow numerics must be one of {', '.join(map(repr, NUMERICS))}, got {value!r}")
+        self._numerics = value
 
     # ------------------------------------------------------------ life cycle
     @property
@@ -205,7 +237,7 @@ class ShadowSteps:
 
     def evidence(self) -> dict:
         """What the shadow steps measured (ShadowRecord.to_dict) and how they ran."""
-        return {"every": self.every, "scales_log2": list(self.scales),
+        return {"every": self.every, "scales_log2": list(self.scales), "numerics": self.numerics,
                 "formats": [lim.name for lim in self.formats], **self.record.to_dict()}
 
     def close(self) -> None:
@@ -314,72 +346,89 @@ class ShadowSteps:
             rec.steps.append(capture.step)
 
     def _measure(self, capture, params, device) -> None:
-        import torch
-
+        """This step's turn of the rotation (module doc): the noise floor, or one format against the FP32 reference."""
+        tasks = [None, *self.formats]             # None: the noise floor
+        task = tasks[self._turn % len(tasks)]
+        self._turn += 1
+        if task is None:
+            if self._noise_floor(capture, params, device) or len(tasks) == 1:
+                return
+            task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
+            self._turn += 1
         reference = self._backward(capture, params, FP32(device), (0,))[0]
         ref = {name: _flat(reference, names) for name, names in self._groups}
         ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
-        floors = self._noise_floor(capture, params, device, ref)
-        for lim in self.formats:
-            keep, sources = set(), {}
-            scales = self.scales if not lim.per_tensor_scaled and lim.emax < 127 else (0,)
-            for attempt in range(MAX_OVERFLOW_PASSES):
-                found: dict = {}
-                if lim.per_tensor_scaled:
-                    context = FakeQuant(self.core, self._module_names, lim, keep, found)
-                else:
-                    context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found)
-                last = attempt == MAX_OVERFLOW_PASSES - 1
-                grads = self._backward(capture, params, context, scales,
-                                       stop=None if last else lambda: bool(found),
-                                       escalate=lambda result, lim=lim: self._escalate(lim, result, ref, floors))
-                if not found:
-                    break
-                sources.update(found)
-                keep |= set(found.values())
-            for q, module in sources.items():
-                layer = self._layer_names.get(id(module), q or type(self.core).__name__)
-                by_layer = self.record.sources.setdefault(lim.name, {})
-                by_layer[layer] = by_layer.get(layer, 0) + 1
-            for scale, result in (grads or {}).items():
-                for name, names in self._groups:
-                    if name in ref:
-                        m = _compare(_flat(result, names), ref[name])
-                        self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+        self._replay_format(task, capture, params, device, ref)
 
-    def _escalate(self, lim, result, ref, floors) -> bool:
+    def _replay_format(self, lim, capture, params, device, ref) -> None:
+        """Replay the step in `lim` (again with the overflow sources found kept in FP32) and add its errors to the record."""
+        import torch
+
+        keep, sources = set(), {}
+        scales = self.scales if not lim.per_tensor_scaled and lim.emax < 127 else (0,)
+        for attempt in range(MAX_OVERFLOW_PASSES):
+            found: dict = {}
+            if lim.per_tensor_scaled:
+                context = FakeQuant(self.core, self._module_names, lim, keep, found)
+            elif self.numerics == "emulated":
+                if self._compute is None:
+                    from ..emulate.compute import FP32Compute
+
+                    self._compute = FP32Compute()
+                context = EmulatedAutocast(self.core, self._module_names, device,
+                                           getattr(torch, AUTOCAST_DTYPES[lim.name]), keep, found, self._compute)
+            else:
+                context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
+                                   keep, found)
+            last = attempt == MAX_OVERFLOW_PASSES - 1
+            grads = self._backward(capture, params, context, scales, stop=None if last else lambda: bool(found),
+                                   escalate=lambda result: self._escalate(lim, result, ref))
+            if not found:
+                break
+            sources.update(found)
+            keep |= set(found.values())
+        for q, module in sources.items():
+            layer = self._layer_names.get(id(module), q or type(self.core).__name__)
+            by_layer = self.record.sources.setdefault(lim.name, {})
+            by_layer[layer] = by_layer.get(layer, 0) + 1
+        for scale, result in (grads or {}).items():
+            for name, names in self._groups:
+                if name in ref:
+                    m = _compare(_flat(result, names), ref[name])
+                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+
+    def _escalate(self, lim, result, ref) -> bool:
         """Whether to replay the other candidate scales: from the first step where a layer stands out at
-        scale 1 on, always (so that their means cover every step since)."""
+        scale 1 (against its mean noise floor so far) on, always (so that their means cover every step since)."""
         from .evidence import threshold
 
         if lim.name not in self._escalated:
             for name, names in self._groups:
                 if name in ref:
                     m = _compare(_flat(result, names), ref[name])
-                    if m["nonfinite_share"] or m["rel_error"] > threshold(floors.get(name)):
+                    if m["nonfinite_share"] or m["rel_error"] > threshold(self.record.mean_floor(name)):
                         self._escalated.add(lim.name)
                         break
         return lim.name in self._escalated
 
-    def _noise_floor(self, capture, params, device, ref) -> dict:
-        """{layer: ||gA - gB|| / ||gA + gB||} of this step's halves (also summed into the record)."""
+    def _noise_floor(self, capture, params, device) -> bool:
+        """Sum each layer's ||gA - gB|| / ||gA + gB|| of this step's halves into the record; False when the
+        batch cannot be halved."""
         halves = _halves(capture)
         if halves is None:
             self.record.unsplit_steps += 1
-            return {}
+            return False
         parts = [self._backward(h, params, FP32(device), (0,))[0] for h in halves]
-        floors = {}
         for name, names in self._groups:
             ga, gb = _flat(parts[0], names), _flat(parts[1], names)
-            if ga is None or gb is None or name not in ref:
+            if ga is None or gb is None:
                 continue
             total = float((ga + gb).norm())
             if total:
-                floors[name] = float((ga - gb).norm()) / total
                 entry = self.record.floor.setdefault(name, [0.0, 0])
-                entry[0] += floors[name]
+                entry[0] += float((ga - gb).norm()) / total
                 entry[1] += 1
-        return floors
+        return True
 
     def _backward(self, capture, params, context, scales, stop=None, escalate=None) -> dict | None:
         """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`.
@@ -394,22 +443,23 @@ class ShadowSteps:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         buffers = {n: b.clone() for n, b in capture.buffers.items()}
-        with context:
-            out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
-                                  capture.kwargs)
-        if stop is not None and stop():
-            return None
-        pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]
-        names = list(params)
-        result = {}
-        for i, s in enumerate(scales):
-            factor = math.ldexp(1.0, s)
-            grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
-                                        [(g * factor).to(o.dtype) for o, g in pairs],
-                                        retain_graph=i < len(scales) - 1, allow_unused=True)
-            result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
-            if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
-                break
+        with context.arithmetic():
+            with context:
+                out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
+                                      capture.kwargs)
+            if stop is not None and stop():
+                return None
+            pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]
+            names = list(params)
+            result = {}
+            for i, s in enumerate(scales):
+                factor = math.ldexp(1.0, s)
+                grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
+                                            [(g * factor).to(o.dtype) for o, g in pairs],
+                                            retain_graph=i < len(scales) - 1, allow_unused=True)
+                result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+                if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
+                    break
         return result
 
 
