@@ -95,9 +95,9 @@ def quantize(
                         f"block formats only)")
     accepted = _arrays.accept(x)
     array = accepted.array
-    if _arrays.is_torch(array) and array.requires_grad:
+    if _arrays.requires_grad(array):
         rounded = round_array(array.detach(), fmt, options)
-        if options.grad != "none" and _arrays._torch.is_grad_enabled():
+        if options.grad != "none" and _arrays.grad_enabled():
             from ._autograd import straight_through
 
             rounded = straight_through(array, rounded, fmt, options.grad)
@@ -115,10 +115,10 @@ def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
                                     flush_subnormal_inputs=options.flush_inputs,
                                     flush_subnormal_outputs=options.flush_outputs, **block_options)
 
-    if not (_arrays.is_torch(x) and x.requires_grad):
+    if not _arrays.requires_grad(x):
         return blocked(x)
     rounded = blocked(x.detach())
-    if options.grad == "none" or not _arrays._torch.is_grad_enabled():
+    if options.grad == "none" or not _arrays.grad_enabled():
         return rounded
     if options.grad == "clipped":
         raise ValueError(f"grad='clipped' needs one range for the whole tensor; {fmt.name} scales each block "
@@ -133,11 +133,11 @@ def round_array(array, fmt: Format, options: RoundingOptions):
     in the result dtype. Refuses inputs that have no value in `fmt`."""
     in_fmt = _arrays.input_format(array)
     out_fmt = _arrays.result_format(in_fmt, fmt)
+    ops = _arrays.Ops(array)
     if _arrays.is_meta(array):  # no data to round: the result's shape and dtype
-        return _arrays._torch.empty(array.shape, dtype=out_fmt.torch_dtype, device="meta")
+        return ops.empty(array.shape, out_fmt)
     refuse_values_without_code(array, fmt, options.flush_inputs)
     engine = options.engine()
-    ops = _arrays.Ops(array)
     key = philox.key_from(options.seed, options.generator, ops.torch) if options.rounding == "stochastic" else None
     result = _quantize_native(array, in_fmt, out_fmt, fmt, ops, engine, key)
     if result is None:
