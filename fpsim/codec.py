@@ -15,7 +15,7 @@ import numpy as np
 from . import _arrays, _native, philox
 from ._options import RoundingOptions, check_options, first_index, refuse_values_without_code
 from .formats import PRESETS, Format, format as get_format
-from .rounding import _LAYOUT, decompose, round_array
+from .rounding import decompose, exact_pow2, quiet_nan, round_array
 
 __all__ = ["encode", "decode", "code_dtype"]
 
@@ -167,10 +167,8 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
     q = ops.where(normal, field - fmt.bias - M, fmt.emin - M)
     width = 64 if out_fmt.name == "fp64" else 32
     like = _empty_float(ints, width, ops)
-    from .rounding import _pow2  # exact powers of two, subnormal ones included
-
     with np.errstate(over="ignore"):  # the Inf/NaN codes' lanes overflow; they are replaced below
-        magnitude = ops.to_float(n, like) * _pow2(q, like, ops, width)
+        magnitude = ops.to_float(n, like) * exact_pow2(q, like, ops, width)
     inf = float("inf")
     if fmt.nan == "ieee":
         special = field == top
@@ -185,10 +183,7 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
     # a zero keeps its sign only where the format has -0 (non-canonical zero codes)
     keeps_sign = negative if fmt.has_negative_zero else negative & (magnitude != 0)
     values = ops.where(keeps_sign, -magnitude, magnitude)
-    P = _LAYOUT[width][0]
-    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
-    nan_bits = ops.where(negative, -(1 << (width - 1)) | quiet, quiet)
-    return ops.where(is_nan, ops.bits_float(nan_bits, like), values)
+    return ops.where(is_nan, quiet_nan(negative, like, ops, width), values)
 
 
 def _empty_float(ints, width, ops):
@@ -217,7 +212,8 @@ def _check_codes(codes, fmt: Format):
 def _refuse_outside(codes, outside, fmt: Format) -> None:
     if bool(outside.any()):
         i = first_index(outside)
-        raise ValueError(f"code {int(codes[i])} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
+        code = int(_arrays.Ops(codes).to_host(codes[i]))  # through numpy: torch has no int() of a uint64 >= 2^63
+        raise ValueError(f"code {code} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
                          f"for {fmt.name} ({fmt.bits} bits)")
 
 

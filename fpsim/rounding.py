@@ -25,14 +25,12 @@ import numpy as np
 from . import _arrays, _native, philox
 from ._options import RoundingOptions, check_options, refuse_values_without_code
 from .modes import ROUNDING_MODES, mode as get_mode
-from .formats import Format, format as get_format
+from .formats import PRESETS, Format, format as get_format
 
 __all__ = ["quantize", "ROUNDING_MODES"]
 
-_LAYOUT = {  # container: (mantissa bits, exponent bias, magnitude mask)
-    32: (23, 127, 0x7FFFFFFF),
-    64: (52, 1023, 0x7FFFFFFFFFFFFFFF),
-}
+# the working containers, from their formats: (mantissa bits, exponent bias, magnitude mask) by width
+_LAYOUT = {fmt.bits: (fmt.man_bits, fmt.bias, (1 << (fmt.bits - 1)) - 1) for fmt in (PRESETS["fp32"], PRESETS["fp64"])}
 
 
 def quantize(
@@ -347,7 +345,7 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         n = keep + ops.astype(up, "int64")
 
     # value = n * 2^q, exact in the working dtype (or Inf beyond it); overflow is value > max
-    magnitude = ops.to_float(n, w) * _pow2(q, w, ops, width)
+    magnitude = ops.to_float(n, w) * exact_pow2(q, w, ops, width)
     overflow = magnitude > float(fmt.max)
 
     if not fmt.zero:
@@ -428,7 +426,7 @@ def _overflow_goes_to_infinity(rounding, negative, ops, saturate):
     return negative if negative_goes else ~negative
 
 
-def _pow2(q, like, ops, width):
+def exact_pow2(q, like, ops, width):
     """2^q as floats of like's dtype, built from bits (exact, subnormal powers included)."""
     P, bias, _ = _LAYOUT[width]
     lowest = 1 - bias - P
@@ -443,11 +441,15 @@ def _nan_like(fmt: Format, negative, like, ops, width):
     Signed NaN codes keep the input's sign; the fnuz NaN is the negative-zero
     code, so it reads as negative; an unsigned format's NaN is positive.
     """
-    P = _LAYOUT[width][0]
-    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
-    sign_bit = -(1 << (width - 1))
     if fmt.nan == "fnuz":
         negative = negative | True
     elif not fmt.signed:
         negative = negative & False
-    return ops.bits_float(ops.where(negative, sign_bit | quiet, quiet), like)
+    return quiet_nan(negative, like, ops, width)
+
+
+def quiet_nan(negative, like, ops, width):
+    """The quiet NaN of the working dtype (float32 or float64, `width` bits), negative where `negative`."""
+    P = _LAYOUT[width][0]
+    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
+    return ops.bits_float(ops.where(negative, -(1 << (width - 1)) | quiet, quiet), like)
