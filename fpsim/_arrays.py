@@ -6,8 +6,10 @@ This module also decides which inputs are accepted, how they reach the engine
 (`accept`) and how a result goes back to the caller in the input's own kind,
 and which dtype a result comes back in.
 
-torch is never imported here unless the caller already has: a tensor can only
-exist once torch is loaded, so `is_torch` asks `sys.modules`.
+Every difference between the two backends lives here, so that the numerics
+modules never branch on torch. torch is never imported here unless the caller
+already has: a tensor can only exist once torch is loaded, so `is_torch` asks
+`sys.modules` (only what makes a tensor or a torch dtype from nothing imports it).
 """
 
 from __future__ import annotations
@@ -27,15 +29,6 @@ ALLOWED_INPUTS = ("numpy float16/float32/float64 arrays and scalars (any byte or
                   "jax) or __dlpack__ / __array__")
 
 
-def __getattr__(name):
-    """`_arrays._torch`: the torch module, imported on first use."""
-    if name == "_torch":
-        import torch
-
-        return torch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def is_torch(x) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
@@ -44,6 +37,78 @@ def is_torch(x) -> bool:
 def is_meta(x) -> bool:
     """A torch tensor without data (shape and dtype only, as torch.compile traces with)."""
     return is_torch(x) and x.device.type == "meta"
+
+
+def requires_grad(x) -> bool:
+    """Whether x is a tensor that records gradients."""
+    return is_torch(x) and x.requires_grad
+
+
+def detached(x):
+    """x without its autograd history (a tensor's .detach(); anything else as it is)."""
+    return x.detach() if is_torch(x) else x
+
+
+def is_packed_fp4(x) -> bool:
+    """A torch.float4_e2m1fn_x2 tensor: two E2M1 codes per byte (the first in the low nibble)."""
+    return is_torch(x) and x.dtype == getattr(sys.modules["torch"], "float4_e2m1fn_x2", None)
+
+
+def grad_enabled() -> bool:
+    """Whether torch records gradients now (False while torch is not loaded: no tensor can need one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled()
+
+
+def dtype(name: str, torch: bool = False):
+    """The numpy dtype, or with `torch` the torch dtype, named `name` ('uint16', 'float32', ...)."""
+    return getattr(_torch_module(), name) if torch else np.dtype(name)
+
+
+def on_device(array: np.ndarray, device):
+    """A host result back as the input was: the numpy array itself (device None), or a tensor on `device`."""
+    if device is None:
+        return array
+    array = np.asarray(array)  # 0-d stays 0-d (np.ascontiguousarray would make it 1-d)
+    return _torch_module().from_numpy(array if array.flags.c_contiguous else np.ascontiguousarray(array)).to(device)
+
+
+def is_generator(generator) -> bool:
+    """A numpy Generator or a torch.Generator."""
+    if isinstance(generator, np.random.Generator):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(generator, torch.Generator)
+
+
+def numpy_generator(generator):
+    """A numpy Generator (or None) for a numpy or torch generator: a torch.Generator seeds a fresh one."""
+    if generator is None or isinstance(generator, np.random.Generator):
+        return generator
+    torch = sys.modules.get("torch")  # a torch.Generator exists only once torch is loaded
+    if torch is None or not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator or torch.Generator, got {generator!r}")
+    return np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+
+
+def generator_words(generator, count: int, torch_input: bool) -> list[int]:
+    """`count` random 32-bit words from a numpy Generator, or a torch.Generator for torch input (advancing
+    it); TypeError naming the generator when it is not of the input's kind."""
+    if torch_input:
+        torch = _torch_module()
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator for a torch tensor must be a torch.Generator, got {generator!r}")
+        words = torch.randint(0, 1 << 32, (count,), generator=generator, device=generator.device, dtype=torch.int64)
+        return [int(w) for w in words.cpu()]
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(f"generator for numpy input must be a numpy.random.Generator, got {generator!r}")
+    return [int(w) for w in generator.integers(0, 1 << 32, size=count, dtype=np.uint64)]
+
+
+def _torch_module():
+    import torch
+
+    return torch
 
 
 def _numpy_format(dtype: np.dtype) -> Format | None:
@@ -292,6 +357,71 @@ class Ops:
 
     def concat(self, parts, axis: int = 0):
         return self._torch.cat(list(parts), axis) if self.torch else np.concatenate(list(parts), axis)
+
+    def stack(self, parts, axis: int = 0):
+        return self._torch.stack(list(parts), axis) if self.torch else np.stack(list(parts), axis)
+
+    def arange(self, n: int):
+        """0 .. n-1 as int64."""
+        if self.torch:
+            return self._torch.arange(n, dtype=self._torch.int64, device=self.device)
+        return np.arange(n, dtype=np.int64)
+
+    def full_like(self, x, value):
+        return self._torch.full_like(x, value) if self.torch else np.full_like(x, value)
+
+    def empty(self, shape, dtype: "str | Format"):
+        """An uninitialised array of the dtype named `dtype`, or of the native dtype that holds a Format
+        (on a meta device: shape and dtype only, the result of a traced call)."""
+        if self.torch:
+            native = dtype.torch_dtype if isinstance(dtype, Format) else getattr(self._torch, dtype)
+            return self._torch.empty(tuple(shape), dtype=native, device=self.device)
+        return np.empty(tuple(shape), dtype=np.dtype(dtype.ml_dtype) if isinstance(dtype, Format) else dtype)
+
+    def is_floating(self, x) -> bool:
+        return x.is_floating_point() if self.torch else x.dtype.kind == "f"
+
+    def isnan(self, x):
+        return self._torch.isnan(x) if self.torch else np.isnan(x)
+
+    def first_index(self, mask) -> tuple:
+        """The index of the first True element of a boolean array (of a 0-d one: ())."""
+        if self.torch:
+            flat = mask.reshape(-1).nonzero()
+            index = int(flat[0]) if len(flat) else 0
+            return tuple(int(i) for i in np.unravel_index(index, tuple(mask.shape))) if mask.dim() else ()
+        return tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
+
+    def repeat(self, x, count: int):
+        """Each value along the last axis repeated `count` times."""
+        return x.repeat_interleave(count, dim=-1) if self.torch else np.repeat(x, count, axis=-1)
+
+    def is_integer(self, x) -> bool:
+        """Whether x holds integers (neither floats, complex numbers nor booleans)."""
+        if self.torch:
+            return not (x.is_floating_point() or x.is_complex() or x.dtype == self._torch.bool)
+        return x.dtype.kind in "iu"
+
+    def int64_bits(self, x):
+        """Integers as int64; uint64 reinterpreted bit for bit (2^63 and above become negative)."""
+        if self.torch:
+            torch = self._torch
+            return x.view(torch.int64) if x.dtype == torch.uint64 else x.to(torch.int64)
+        return x.view(np.int64) if x.dtype == np.uint64 else x.astype(np.int64)
+
+    def view(self, x, dtype: str):
+        """x's bits read as the dtype named `dtype` (of the same width)."""
+        return x.view(getattr(self._torch, dtype)) if self.torch else x.view(np.dtype(dtype))
+
+    def host_values(self, x) -> np.ndarray:
+        """A numpy array holding x's values exactly: a numpy array as it is; a tensor copied to the host
+        in float64 (float64 and integer tensors) or float32 (the narrower floats)."""
+        if not self.torch:
+            return x
+        torch = self._torch
+        x = x.detach().cpu()
+        wide = x.dtype == torch.float64 or not x.is_floating_point()
+        return (x.to(torch.float64) if wide else x.float()).numpy()
 
     @property
     def on_host(self) -> bool:

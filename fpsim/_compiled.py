@@ -55,4 +55,6 @@ def _engine(fmt: Format, options: tuple):
     name = f"fpsim_round_{abs(hash((fmt, options)))}"
     own = types.FunctionType(engine.__code__.replace(co_name=name), engine.__globals__, name, None,
                              engine.__closure__)
-    return _arrays._torch.compile(own, fullgraph=True)
+    import torch  # loaded already: compile=True takes tensors only
+
+    return torch.compile(own, fullgraph=True)

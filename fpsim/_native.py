@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from .formats import Format
+from .formats import PRESETS, Format
 from .modes import MODES
 
 try:
@@ -30,7 +30,9 @@ except ImportError:  # built without a compiler: the numpy engine does everythin
 _INPUTS = {"working": 0, "float32": 1, "float64": 2, "int8": 3, "int16": 4, "int32": 5, "int64": 6,
            "uint8": 7, "uint16": 8, "uint32": 9, "uint64": 10}
 _OUTPUTS = {"float32": 0, "float64": 1, "codes": 2}
-_LAYOUT = {32: (23, 127, np.float32, np.uint32), 64: (52, 1023, np.float64, np.uint64)}  # P, bias, float, bits
+# the working containers, from their formats: (mantissa bits P, exponent bias, float type, bits type) by width
+_LAYOUT = {fmt.bits: (fmt.man_bits, fmt.bias, np.dtype(f"float{fmt.bits}").type, np.dtype(f"uint{fmt.bits}").type)
+           for fmt in (PRESETS["fp32"], PRESETS["fp64"])}
 # Inputs whose result depends only on sign, mode and options, in pairs (+, -): the largest finite
 # value (it overflows whenever anything does), Inf, NaN, zero; then a negative (for unsigned formats).
 _EDGE_INPUTS = ("max", "-max", "inf", "-inf", "nan", "-nan", "0", "-0", "-max")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import sys
 
 import numpy as np
 
+from ._arrays import Ops, is_generator
 from .formats import Format
 from .modes import check_rounding
 
@@ -72,7 +72,7 @@ def check_options(rounding="nearest_even", saturate=False, seed=None, generator=
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an int in 0..2**64-1 or None, got {seed!r}")
         seed = int(seed)
-    if generator is not None and not _is_generator(generator):
+    if generator is not None and not is_generator(generator):
         raise TypeError(f"generator must be a numpy.random.Generator or a torch.Generator, got "
                         f"{type(generator).__name__} {generator!r}")
     if seed is not None and generator is not None:
@@ -81,13 +81,6 @@ def check_options(rounding="nearest_even", saturate=False, seed=None, generator=
         raise ValueError(f"grad must be one of {', '.join(GRADIENTS)}, got {grad!r}")
     return RoundingOptions(rounding, bool(saturate), seed, generator, rand_bits, bool(flush_subnormal_inputs),
                            bool(flush_subnormal_outputs), grad)
-
-
-def _is_generator(generator) -> bool:
-    if isinstance(generator, np.random.Generator):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(generator, torch.Generator)
 
 
 def refuse_values_without_code(array, fmt: Format, flush_inputs: bool) -> None:
@@ -99,15 +92,11 @@ def refuse_values_without_code(array, fmt: Format, flush_inputs: bool) -> None:
     """
     if fmt.has_nan:
         return
-    from ._arrays import is_torch
-
-    if is_torch(array):
-        lib, floating = sys.modules["torch"], array.is_floating_point()
-    else:
-        lib, floating = np, array.dtype.kind == "f"
+    ops = Ops(array)
+    floating = ops.is_floating(array)
     checks = []
     if floating:
-        checks.append((lib.isnan, f"{fmt.name} has no NaN; the input holds NaN"))
+        checks.append((ops.isnan, f"{fmt.name} has no NaN; the input holds NaN"))
     if not fmt.signed:
         def negative(v):
             below = v < 0
@@ -134,10 +123,4 @@ def _object_proxy(array: np.ndarray) -> np.ndarray:
 
 def first_index(mask) -> tuple:
     """The index of the first True element of a boolean numpy array or torch tensor."""
-    from ._arrays import is_torch
-
-    if is_torch(mask):
-        flat = mask.reshape(-1).nonzero()
-        index = int(flat[0]) if len(flat) else 0
-        return tuple(int(i) for i in np.unravel_index(index, tuple(mask.shape))) if mask.dim() else ()
-    return tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
+    return Ops(mask).first_index(mask)

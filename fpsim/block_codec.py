@@ -36,6 +36,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import _arrays, _native
+from ._arrays import numpy_generator, on_device  # shared with fpsim.recipes through this module
 from .blocks import BlockFormat, format
 from .codec import decode as decode_codes, encode as encode_values
 from .formats import PRESETS
@@ -126,15 +127,11 @@ def host_array(x):
 
     Shared with fpsim.recipes: torch tensors are processed on the host and returned with `on_device`.
     """
-    device = None
     x = _arrays.accept(x).array  # TypeError for what no path takes; masked and foreign arrays as numpy
-    if _arrays.is_torch(x):
-        device = x.device
-        _arrays.input_format(x)  # TypeError for complex, bool, unknown dtypes
-        x = x.detach().cpu()
-        x = (x.to(_arrays._torch.float64) if x.dtype == _arrays._torch.float64 or not x.is_floating_point()
-             else x.float()).numpy()
-    array = x
+    _arrays.input_format(x)  # TypeError for complex, bool, unknown dtypes
+    ops = _arrays.Ops(x)
+    device = ops.device
+    array = ops.host_values(x)
     in_fmt = _arrays.input_format(array)
     if in_fmt is None:  # integers: exact in float64 up to 2^53
         big = np.abs(array.astype(object) if array.dtype == object else array.astype(np.float64)) > 2**53
@@ -143,23 +140,6 @@ def host_array(x):
                              f"take floats or integers exact in float64")
         return array.astype(np.float64), device
     return array.astype(np.float32 if _FP32.contains(in_fmt) else np.float64, copy=False), device
-
-
-def on_device(array, device):
-    """A host result back as the input was: numpy, or a torch tensor on `device`."""
-    if device is None:
-        return array
-    return _arrays._torch.from_numpy(np.ascontiguousarray(array)).to(device)
-
-
-def numpy_generator(generator):
-    """A numpy Generator (or None) for a numpy or torch generator: a torch.Generator seeds a fresh one."""
-    if generator is None or isinstance(generator, np.random.Generator):
-        return generator
-    torch = _arrays._torch
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a numpy.random.Generator or torch.Generator, got {generator!r}")
-    return np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -341,7 +321,7 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
     ts = None
     if tensor_scale is not None:
-        ts = np.float32(tensor_scale) if device is None else _arrays._torch.tensor(tensor_scale, device=device)
+        ts = on_device(np.float32(tensor_scale), device)
     return BlockEncoding(on_device(blocks.unblock(codes), device), on_device(scale_codes, device), ts, fmt,
                          blocks.axes, dtype.name)
 
@@ -358,8 +338,8 @@ def decode(encoding: BlockEncoding):
     if not isinstance(encoding, BlockEncoding):
         raise TypeError(f"decode of a block format takes a BlockEncoding, got {type(encoding).__name__}")
     fmt = encoding.format
-    device = encoding.codes.device if _arrays.is_torch(encoding.codes) else None
-    host = [a.cpu().numpy() if _arrays.is_torch(a) else np.asarray(a) for a in (encoding.codes, encoding.scales)]
+    device = _arrays.Ops(encoding.codes).device
+    host = [_arrays.Ops(a).to_host(a) for a in (encoding.codes, encoding.scales)]
     codes, scale_codes = host
     blocks = _cut(np.zeros(codes.shape, dtype=np.float32), fmt, encoding.axis)
     expected = tuple(np.delete(blocks.view.shape, blocks.element_axes))

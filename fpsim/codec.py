@@ -15,7 +15,7 @@ import numpy as np
 from . import _arrays, _native, philox
 from ._options import RoundingOptions, check_options, first_index, refuse_values_without_code
 from .formats import PRESETS, Format, format as get_format
-from .rounding import _LAYOUT, decompose, round_array
+from .rounding import decompose, exact_pow2, quiet_nan, round_array
 
 __all__ = ["encode", "decode", "code_dtype"]
 
@@ -24,9 +24,7 @@ def code_dtype(fmt: "str | Format", torch: bool = False):
     """The unsigned integer dtype that holds a code of `fmt`."""
     fmt = get_format(fmt)
     width = next(w for w in (8, 16, 32, 64) if fmt.bits <= w)
-    if torch:
-        return getattr(_arrays._torch, f"uint{width}")
-    return np.dtype(f"uint{width}")
+    return _arrays.dtype(f"uint{width}", torch)
 
 
 def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: bool = False,
@@ -48,21 +46,16 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
     if not isinstance(fmt, Format):
         from . import block_codec
 
-        if _arrays.is_torch(x):
-            x = x.detach()
-        return block_codec.encode(x, fmt, rounding, saturate, seed, generator=generator, rand_bits=rand_bits,
-                                  flush_subnormal_inputs=flush_subnormal_inputs,
+        return block_codec.encode(_arrays.detached(x), fmt, rounding, saturate, seed, generator=generator,
+                                  rand_bits=rand_bits, flush_subnormal_inputs=flush_subnormal_inputs,
                                   flush_subnormal_outputs=flush_subnormal_outputs, **block_options)
     if block_options:
         raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
                         f"block formats only)")
     accepted = _arrays.accept(x)
-    array = accepted.array
-    if _arrays.is_torch(array):
-        array = array.detach()
-        if _arrays.is_meta(array):
-            return accepted.give_back(_arrays._torch.empty(array.shape, dtype=code_dtype(fmt, torch=True),
-                                                          device="meta"))
+    array = _arrays.detached(accepted.array)
+    if _arrays.is_meta(array):  # no data: the result's shape and dtype
+        return accepted.give_back(_arrays.Ops(array).empty(array.shape, code_dtype(fmt).name))
     fast = _encode_native(array, fmt, options)
     if fast is not None:
         return accepted.give_back(fast)
@@ -99,9 +92,8 @@ def decode(codes, fmt: "str | Format | None" = None):
     fmt = get_format(fmt)
     accepted = _arrays.accept(codes)
     out_fmt = PRESETS["fp32"] if PRESETS["fp32"].contains(fmt) else PRESETS["fp64"]
-    if _arrays.is_meta(accepted.array):
-        return accepted.give_back(_arrays._torch.empty(accepted.array.shape, dtype=out_fmt.torch_dtype,
-                                                       device="meta"))
+    if _arrays.is_meta(accepted.array):  # no data: the result's shape and dtype
+        return accepted.give_back(_arrays.Ops(accepted.array).empty(accepted.array.shape, out_fmt))
     ints = _check_codes(accepted.array, fmt)
     values = _unpack(ints, fmt, _arrays.Ops(ints), out_fmt)
     return accepted.give_back(values)
@@ -175,10 +167,8 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
     q = ops.where(normal, field - fmt.bias - M, fmt.emin - M)
     width = 64 if out_fmt.name == "fp64" else 32
     like = _empty_float(ints, width, ops)
-    from .rounding import _pow2  # exact powers of two, subnormal ones included
-
     with np.errstate(over="ignore"):  # the Inf/NaN codes' lanes overflow; they are replaced below
-        magnitude = ops.to_float(n, like) * _pow2(q, like, ops, width)
+        magnitude = ops.to_float(n, like) * exact_pow2(q, like, ops, width)
     inf = float("inf")
     if fmt.nan == "ieee":
         special = field == top
@@ -193,10 +183,7 @@ def _unpack(ints, fmt: Format, ops, out_fmt: Format):
     # a zero keeps its sign only where the format has -0 (non-canonical zero codes)
     keeps_sign = negative if fmt.has_negative_zero else negative & (magnitude != 0)
     values = ops.where(keeps_sign, -magnitude, magnitude)
-    P = _LAYOUT[width][0]
-    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
-    nan_bits = ops.where(negative, -(1 << (width - 1)) | quiet, quiet)
-    return ops.where(is_nan, ops.bits_float(nan_bits, like), values)
+    return ops.where(is_nan, quiet_nan(negative, like, ops, width), values)
 
 
 def _empty_float(ints, width, ops):
@@ -205,42 +192,35 @@ def _empty_float(ints, width, ops):
 
 def _check_codes(codes, fmt: Format):
     """The codes as int64, refusing non-integers and codes outside the format."""
-    if _arrays.is_torch(codes):
-        torch = _arrays._torch
-        if codes.dtype == getattr(torch, "float4_e2m1fn_x2", None):
-            codes = _unpack_fp4_pairs(codes, fmt)
-        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
-            raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
-        # uint64 (fp64 codes): the same bits as int64, which the unpacking reads
-        ints = codes.view(torch.int64) if codes.dtype == torch.uint64 else codes.to(torch.int64)
-        if fmt.bits < 64:
-            _refuse_outside(ints, (ints < 0) | (ints >= (1 << fmt.bits)), fmt)
-        return ints
+    ops = _arrays.Ops(codes)
+    if _arrays.is_packed_fp4(codes):
+        codes = _unpack_fp4_pairs(codes, fmt, ops)
     if codes.dtype == object:  # Python ints beyond int64
         if not all(isinstance(v, int) for v in codes.ravel()):
             raise TypeError("codes must be integers, got an object array of other values")
         outside = np.array([not 0 <= v < (1 << fmt.bits) for v in codes.ravel()]).reshape(codes.shape)
         _refuse_outside(codes, outside, fmt)
         codes = codes.astype(np.uint64)
-    if codes.dtype.kind not in "iu":
+    if not ops.is_integer(codes):
         raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
-    if fmt.bits < 64:  # checked in the codes' own dtype: a uint64 beyond 2^63 is no negative int64
-        _refuse_outside(codes, (codes >= (1 << fmt.bits)) | (codes < 0), fmt)
-    return codes.view(np.int64) if codes.dtype == np.uint64 else codes.astype(np.int64)
+    ints = ops.int64_bits(codes)  # uint64 (fp64 codes): the same bits, which the unpacking reads
+    if fmt.bits < 64:  # a uint64 code beyond 2^63 reads as a negative int64; the message shows it as given
+        _refuse_outside(codes, (ints < 0) | (ints >= (1 << fmt.bits)), fmt)
+    return ints
 
 
 def _refuse_outside(codes, outside, fmt: Format) -> None:
     if bool(outside.any()):
         i = first_index(outside)
-        raise ValueError(f"code {int(codes[i])} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
+        code = int(_arrays.Ops(codes).to_host(codes[i]))  # through numpy: torch has no int() of a uint64 >= 2^63
+        raise ValueError(f"code {code} at index {i} is outside 0..{(1 << fmt.bits) - 1} "
                          f"for {fmt.name} ({fmt.bits} bits)")
 
 
-def _unpack_fp4_pairs(packed, fmt: Format):
+def _unpack_fp4_pairs(packed, fmt: Format, ops):
     """The uint8 codes of a torch.float4_e2m1fn_x2 tensor: low nibble first, last dimension doubled."""
     if fmt.bits != 4:
         raise ValueError(f"a torch.float4_e2m1fn_x2 tensor holds 4-bit codes; {fmt.name} has {fmt.bits} bits")
-    torch = _arrays._torch
-    byte = packed.view(torch.uint8)
-    pairs = torch.stack([byte & 0xF, byte >> 4], dim=-1)
-    return pairs.reshape(*byte.shape[:-1], 2 * byte.shape[-1]) if byte.dim() else pairs
+    byte = ops.view(packed, "uint8")
+    pairs = ops.stack([byte & 0xF, byte >> 4], -1)
+    return pairs.reshape(*byte.shape[:-1], 2 * byte.shape[-1]) if byte.ndim else pairs

@@ -80,16 +80,7 @@ def key_from(seed, generator, torch_input: bool) -> int:
 
 
 def _key_from_generator(generator, torch_input: bool) -> int:
-    if torch_input:
-        torch = _arrays._torch
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator for a torch tensor must be a torch.Generator, got {generator!r}")
-        words = torch.randint(0, 1 << 32, (2,), generator=generator, device=generator.device, dtype=torch.int64)
-        low, high = (int(w) for w in words.cpu())
-    else:
-        if not isinstance(generator, np.random.Generator):
-            raise TypeError(f"generator for numpy input must be a numpy.random.Generator, got {generator!r}")
-        low, high = (int(w) for w in generator.integers(0, 1 << 32, size=2, dtype=np.uint64))
+    low, high = _arrays.generator_words(generator, 2, torch_input)
     return low | (high << 32)
 
 
@@ -103,27 +94,14 @@ class Stream:
     def words(self, depth: int, index, ops):
         """word(i, depth) for the flat element indices `index` (an int64 array of ops' backend)."""
         block = index >> 2
-        out = philox4x32((block & MASK32, block >> 32, _full_like(block, depth), _full_like(block, 0)),
+        out = philox4x32((block & MASK32, block >> 32, ops.full_like(block, depth), ops.full_like(block, 0)),
                          self.key_words)
         lane = index & 3
         return ops.where(lane == 0, out[0], ops.where(lane == 1, out[1], ops.where(lane == 2, out[2], out[3])))
 
     def leading_words(self, depth: int, n: int, ops):
         """word(i, depth) for i = 0 .. n-1 as a flat int64 array: one Philox block per four elements."""
-        blocks = _arange((n + 3) // 4, ops)
-        out = philox4x32((blocks & MASK32, blocks >> 32, _full_like(blocks, depth), _full_like(blocks, 0)),
+        blocks = ops.arange((n + 3) // 4)
+        out = philox4x32((blocks & MASK32, blocks >> 32, ops.full_like(blocks, depth), ops.full_like(blocks, 0)),
                          self.key_words)
-        stack = _arrays._torch.stack if ops.torch else np.stack
-        return stack(out, -1).reshape(-1)[:n]
-
-
-def _arange(n: int, ops):
-    if ops.torch:
-        return _arrays._torch.arange(n, dtype=_arrays._torch.int64, device=ops.device)
-    return np.arange(n, dtype=np.int64)
-
-
-def _full_like(x, value: int):
-    if _arrays.is_torch(x):
-        return _arrays._torch.full_like(x, value)
-    return np.full_like(x, value)
+        return ops.stack(out, -1).reshape(-1)[:n]

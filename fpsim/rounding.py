@@ -25,14 +25,12 @@ import numpy as np
 from . import _arrays, _compiled, _native, philox
 from ._options import RoundingOptions, check_options, refuse_values_without_code
 from .modes import ROUNDING_MODES, mode as get_mode
-from .formats import Format, format as get_format
+from .formats import PRESETS, Format, format as get_format
 
 __all__ = ["quantize", "ROUNDING_MODES"]
 
-_LAYOUT = {  # container: (mantissa bits, exponent bias, magnitude mask)
-    32: (23, 127, 0x7FFFFFFF),
-    64: (52, 1023, 0x7FFFFFFFFFFFFFFF),
-}
+# the working containers, from their formats: (mantissa bits, exponent bias, magnitude mask) by width
+_LAYOUT = {fmt.bits: (fmt.man_bits, fmt.bias, (1 << (fmt.bits - 1)) - 1) for fmt in (PRESETS["fp32"], PRESETS["fp64"])}
 
 
 def quantize(
@@ -107,9 +105,9 @@ def quantize(
     array = accepted.array
     if compile:
         _compiled.check(array, options.rounding)
-    if _arrays.is_torch(array) and array.requires_grad:
+    if _arrays.requires_grad(array):
         rounded = round_array(array.detach(), fmt, options, compile)
-        if options.grad != "none" and _arrays._torch.is_grad_enabled():
+        if options.grad != "none" and _arrays.grad_enabled():
             from ._autograd import straight_through
 
             rounded = straight_through(array, rounded, fmt, options.grad)
@@ -127,10 +125,10 @@ def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
                                     flush_subnormal_inputs=options.flush_inputs,
                                     flush_subnormal_outputs=options.flush_outputs, **block_options)
 
-    if not (_arrays.is_torch(x) and x.requires_grad):
+    if not _arrays.requires_grad(x):
         return blocked(x)
     rounded = blocked(x.detach())
-    if options.grad == "none" or not _arrays._torch.is_grad_enabled():
+    if options.grad == "none" or not _arrays.grad_enabled():
         return rounded
     if options.grad == "clipped":
         raise ValueError(f"grad='clipped' needs one range for the whole tensor; {fmt.name} scales each block "
@@ -146,11 +144,11 @@ def round_array(array, fmt: Format, options: RoundingOptions, compile: bool = Fa
     by torch.compile (`_compiled`; float tensors, deterministic modes)."""
     in_fmt = _arrays.input_format(array)
     out_fmt = _arrays.result_format(in_fmt, fmt)
+    ops = _arrays.Ops(array)
     if _arrays.is_meta(array):  # no data to round: the result's shape and dtype
-        return _arrays._torch.empty(array.shape, dtype=out_fmt.torch_dtype, device="meta")
+        return ops.empty(array.shape, out_fmt)
     refuse_values_without_code(array, fmt, options.flush_inputs)
     engine = options.engine()
-    ops = _arrays.Ops(array)
     if compile:
         return ops.as_dtype_of(_compiled.round_bits(_working_values(array, out_fmt, ops), fmt, engine), out_fmt)
     key = philox.key_from(options.seed, options.generator, ops.torch) if options.rounding == "stochastic" else None
@@ -304,7 +302,8 @@ def decompose(w, ops) -> Parts:
     special = is_nan | is_inf
     # floor(log2|w|): the biased field for normal numbers; for subnormals, the bit length of the
     # significand, read from the exponent of its (exact) float64 value: integer work only
-    sig_log2 = (ops.float_bits(ops.astype(sig, "float64")) >> 52) - 1023
+    P64, bias64, _ = _LAYOUT[64]
+    sig_log2 = (ops.float_bits(ops.astype(sig, "float64")) >> P64) - bias64
     exponent = ops.where(is_zero | special, 0, ops.where(e_field > 0, e_field - bias_in, sig_log2 + lsb_exp))
     return Parts(width, P, u < 0, is_nan, is_inf, is_zero, sig, lsb_exp, exponent)
 
@@ -365,7 +364,7 @@ def _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_
         n = keep + ops.astype(up, "int64")
 
     # value = n * 2^q, exact in the working dtype (or Inf beyond it); overflow is value > max
-    magnitude = ops.to_float(n, w) * _pow2(q, w, ops, width)
+    magnitude = ops.to_float(n, w) * exact_pow2(q, w, ops, width)
     overflow = magnitude > float(fmt.max)
 
     if not fmt.zero:
@@ -448,7 +447,7 @@ def _overflow_goes_to_infinity(rounding, negative, ops, saturate):
     return negative if negative_goes else ~negative
 
 
-def _pow2(q, like, ops, width):
+def exact_pow2(q, like, ops, width):
     """2^q as floats of like's dtype, built from bits (exact, subnormal powers included)."""
     P, bias, _ = _LAYOUT[width]
     lowest = 1 - bias - P
@@ -463,11 +462,15 @@ def _nan_like(fmt: Format, negative, like, ops, width):
     Signed NaN codes keep the input's sign; the fnuz NaN is the negative-zero
     code, so it reads as negative; an unsigned format's NaN is positive.
     """
-    P = _LAYOUT[width][0]
-    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
-    sign_bit = -(1 << (width - 1))
     if fmt.nan == "fnuz":
         negative = negative | True
     elif not fmt.signed:
         negative = negative & False
-    return ops.bits_float(ops.where(negative, sign_bit | quiet, quiet), like)
+    return quiet_nan(negative, like, ops, width)
+
+
+def quiet_nan(negative, like, ops, width):
+    """The quiet NaN of the working dtype (float32 or float64, `width` bits), negative where `negative`."""
+    P = _LAYOUT[width][0]
+    quiet = (((1 << (width - 1 - P)) - 1) << P) | (1 << (P - 1))
+    return ops.bits_float(ops.where(negative, -(1 << (width - 1)) | quiet, quiet), like)

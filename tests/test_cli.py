@@ -183,7 +183,7 @@ def test_demo_and_analyze_refuse_bad_options_alike(capsys, argv, message):
 def test_progress_appends_lines_to_a_log_file_and_rewrites_one_on_a_terminal():
     import io
 
-    from fpsim.cli import _Progress
+    from fpsim.cli.analyze import _Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -466,6 +466,17 @@ def test_torch_fp64_round_trip():
 
 
 @requires_torch
+@pytest.mark.parametrize("dtype", ["int32", "uint32", "uint64"])
+def test_torch_decode_refuses_codes_out_of_range_as_numpy_does(dtype):
+    """The same code in a tensor and in a numpy array: the same refusal, naming the code as given
+    (a uint64 code of 2^63 and above too, which the int64 view reads as negative)."""
+    bad = 2**63 + 5 if dtype == "uint64" else 300
+    for codes in (np.array([1, bad], dtype=dtype), torch.tensor([1, bad], dtype=getattr(torch, dtype))):
+        with pytest.raises(ValueError, match=f"code {bad} at index \\(1,\\) is outside 0..255"):
+            decode(codes, "e4m3")
+
+
+@requires_torch
 def test_torch_decode_refuses_float_tensors():
     with pytest.raises(TypeError):
         decode(torch.tensor([1.0]), "e4m3")

@@ -257,8 +257,8 @@ class Report:
     # ----------------------------------------------------------------- files
     def to_tensorboard(self, directory, step: int | None = None) -> str:
         """Write the histograms, verdicts and loss scales as TensorBoard events at `step` (default: the run's
-        optimizer steps) into `directory`; see fpsim.integrations.tensorboard_export. Needs tensorboard."""
-        from ..integrations.tensorboard_export import to_tensorboard
+        optimizer steps) into `directory`; see fpsim.analyze.tensorboard. Needs tensorboard."""
+        from .tensorboard import to_tensorboard
 
         return to_tensorboard(self, directory, step)
 

@@ -1,4 +1,4 @@
-"""The report as plain text: the summary table the command line prints (built here, printed by cli.py)."""
+"""The report as plain text: the summary table the command line prints (built here, printed by fpsim.cli)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ _LAZY = {
     "LightningCallback": "fpsim.integrations.lightning_callback",
     "TrainerCallback": "fpsim.integrations.trainer_callback",
     "FitObservation": "fpsim.integrations.observation",
-    "to_tensorboard": "fpsim.integrations.tensorboard_export",
+    "to_tensorboard": "fpsim.analyze.tensorboard",
 }
 
 __all__ = sorted(_LAZY)

@@ -56,7 +56,7 @@ class FitObservation:
         self.watcher = Watcher(model, self.formats, **self.watch_options).attach()
         self.report, self.paths, self._finished, self._exported_step = None, {}, False, None
         if self.tensorboard is not None:
-            from .tensorboard_export import summary_writer
+            from ..analyze.tensorboard import summary_writer
 
             self._writer = summary_writer(self.tensorboard)
 
@@ -106,7 +106,7 @@ class FitObservation:
     def _export(self, report, step: int, text: bool, values: bool = True) -> None:
         if report.rank != 0 or self._writer is None:
             return
-        from .tensorboard_export import write_report
+        from ..analyze.tensorboard import write_report
 
         try:
             write_report(report, self._writer, step, text=text, values=values)

@@ -181,7 +181,7 @@ class TensorCore:
             if bool(np.signbit(ops.to_host(values)).any()):
                 raise ValueError(f"{name} holds a negative scale (-0 included); block scales are unsigned "
                                  f"(PTX .ue8m0, .ue4m3)")
-            out.append(_repeat(values, block))
+            out.append(ops.repeat(values, block))
         return out[0], out[1]
 
     def _accumulate(self, products, K: int, c, ops, finite: bool):
@@ -214,9 +214,3 @@ class TensorCore:
     def _result(self, out, ops):
         return ops.as_dtype_of(ops.array(out), self.epilogue or self.output)
 
-
-def _repeat(values, block: int):
-    """Each value along the last axis repeated `block` times (numpy or torch)."""
-    if _arrays.is_torch(values):
-        return values.repeat_interleave(block, dim=-1)
-    return np.repeat(values, block, axis=-1)

@@ -15,22 +15,7 @@ import fpsim
 transformers = pytest.importorskip("transformers")
 lightning = pytest.importorskip("lightning")
 
-
-def tiny_gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                     attn_implementation="eager")
-    return transformers.GPT2LMHeadModel(config)
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        ids = torch.randint(0, 64, (16,), generator=g)
-        return {"input_ids": ids, "labels": ids}
+from framework_helpers import Tokens, tiny_gpt2  # noqa: E402
 
 
 def hf_train(model, folder, watched: bool):

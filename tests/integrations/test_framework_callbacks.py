@@ -20,6 +20,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 lightning = pytest.importorskip("lightning")
 
+from framework_helpers import Tokens, tiny_gpt2  # noqa: E402
+
 from fpsim.integrations import LightningCallback, TrainerCallback  # noqa: E402
 
 
@@ -113,22 +115,6 @@ def test_callback_options_are_checked_when_it_is_made():
         LightningCallback(evrey=2)
 
 
-def tiny_gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                     attn_implementation="eager")
-    return transformers.GPT2LMHeadModel(config)
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 32
-
-    def __getitem__(self, i):
-        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
-
-
 def training_args(folder, steps=4):
     return transformers.TrainingArguments(output_dir=str(folder), max_steps=steps, per_device_train_batch_size=4,
                                           learning_rate=1e-3, report_to=[], save_strategy="no",
@@ -160,8 +146,9 @@ def test_trainer_callback_writes_the_report_of_a_tiny_gpt2(tmp_path):
 
 CRASHING_RUN = """
 import sys, torch, transformers
-sys.path.insert(0, {tests!r})
-from test_framework_callbacks import Tokens, tiny_gpt2, training_args
+sys.path[:0] = [{tests!r}, {here!r}]
+from framework_helpers import Tokens, tiny_gpt2
+from test_framework_callbacks import training_args
 from fpsim.integrations import TrainerCallback
 
 class Boom(transformers.TrainerCallback):
@@ -179,7 +166,8 @@ trainer.train()
 
 def test_trainer_callback_writes_the_report_when_training_raises(tmp_path):
     script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(CRASHING_RUN.format(tests=os.path.dirname(__file__), hf=str(tmp_path / "hf"),
+    script.write_text(textwrap.dedent(CRASHING_RUN.format(tests=os.path.dirname(os.path.dirname(__file__)),
+                                                          here=os.path.dirname(__file__), hf=str(tmp_path / "hf"),
                                                           out=str(tmp_path / "report"))))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "boom after step 2" in done.stderr

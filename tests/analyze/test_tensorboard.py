@@ -75,7 +75,7 @@ def test_scalars_hold_the_verdicts_and_loss_scales(exported):
 
 
 def test_a_bad_step_is_refused(exported, tmp_path):
-    from fpsim.integrations.tensorboard_export import write_report
+    from fpsim.analyze.tensorboard import write_report
 
     with pytest.raises(ValueError, match="step must be an int >= 0, got -1"):
         write_report(None, None, -1)

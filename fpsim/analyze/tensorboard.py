@@ -16,14 +16,17 @@ and per format `loss_scale_log2/<format>` (the recommended scale; absent
 when none serves) and `layers/<format>/<verdict>` (how many modules got it),
 plus the summary table as text `fpsim/summary`. Counts are cumulative: a
 histogram at step s holds every value observed up to s.
+
+It lives with the report it writes (`Report.to_tensorboard`); fpsim.integrations
+re-exports `to_tensorboard` and its callbacks write through `write_report`.
 """
 
 from __future__ import annotations
 
 import os
 
-from ..analyze.histogram import E_LO, TINY_LOG2_RANGE
-from ..analyze.verdicts import GRADIENT_KINDS
+from .histogram import E_LO, TINY_LOG2_RANGE
+from .verdicts import GRADIENT_KINDS
 
 VERDICT_VALUE = {"ok": 0, "loss_scale": 1, "fp32": 2}
 
