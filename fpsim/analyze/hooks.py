@@ -625,7 +625,7 @@ class Watcher:
         version) is added again from its counts.
         """
 
-        if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
+        if kind != "weight" and self._recipe_step():      # weights: _on_step_pre, parameter by parameter
             self._probe_recipes(name, kind, tensor, unscale)
         row = self._store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
@@ -646,7 +646,7 @@ class Watcher:
         return row, counts
 
     def _recipe_step(self) -> bool:
-        return self._sampled and self.recipes.wants(self.step)
+        return self.recipes is not None and self._sampled and self.recipes.wants(self.step)
 
     def _probe_recipes(self, name: str, kind: str, tensor, unscale: bool = False) -> None:
         """Hand a recorded module's tensor to the recipe probe (op sites and modules outside the selection are
