@@ -105,12 +105,15 @@ def summarize(layers: list) -> dict:
 
 # ----------------------------------------------------------------- text
 def _cell(entry: dict | None) -> tuple:
-    """(choice, its error) of one layer and kind; ('-', None) when not measured."""
+    """(choice, its error) of one layer and kind: 'none' and the smallest FP8 error when none serves; ('-', None)
+    when not measured."""
     if entry is None:
         return "-", None
-    choice = entry["needs"]
-    shown = choice if choice is not None else FP8_ORDER[-1]
-    return (choice or "none"), entry["loss"][shown]["rel_error"]
+    if entry["needs"] is not None:
+        return entry["needs"], entry["loss"][entry["needs"]]["rel_error"]
+    errors = [entry["loss"][c]["rel_error"] for c in FP8_ORDER if entry["measured"][c]]
+    errors = [e for e in errors if e is not None]
+    return "none", min(errors) if errors else None
 
 
 def table_rows(section: dict) -> list:

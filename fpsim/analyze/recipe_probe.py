@@ -3,8 +3,10 @@
 On sampled steps (`recipes_every=N`: steps 0, N, 2N, ... that are also
 observed), `watch` hands this probe the tensors it already sees for each
 recorded module: its output (`activation`), the gradient of that output
-(`activation_grad`), its parameters before the optimizer step (`weight`)
-and their gradients as backward produced them (`weight_grad`). Each is
+(`activation_grad`), its parameters of two or more dimensions before the
+optimizer step (`weight`; biases and norm scales are no GEMM operand, and
+FP8 recipes keep them in BF16/FP32) and their gradients as backward
+produced them (`weight_grad`). Each is
 quantised with every CANDIDATE recipe, by fpsim's own recipes
 (fpsim.recipes) and block formats (fpsim.encode, the compiled kernel), and
 the loss is pooled per (layer, kind, recipe) as effect.loss_sums defines it:
@@ -30,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+import weakref
 
 import numpy as np
 
@@ -173,7 +176,7 @@ class RecipeProbe:
         self.steps: list = []         # the sampled steps
         self.error = None
         self._order: dict = {}        # (layer, kind) -> tensors seen this step
-        self._seen: set = set()       # (layer, kind, id, version) seen this step
+        self._seen: dict = {}         # (layer, kind, id) -> (weakref, version) of the tensors seen this step
 
     @property
     def active(self) -> bool:
@@ -187,10 +190,13 @@ class RecipeProbe:
         if self.error is not None or kind not in RECIPE_KINDS:
             return
         try:
-            key = (name, kind, id(tensor), tensor._version)
-            if key in self._seen:
+            if kind in ("weight", "weight_grad") and tensor.dim() < 2:
+                return                    # biases and norm scales are no GEMM operand: FP8 recipes keep them wide
+            key, version = (name, kind, id(tensor)), tensor._version
+            seen = self._seen.get(key)    # the same tensor reaching a second hook (an id alone may be reused)
+            if seen is not None and seen[0]() is tensor and seen[1] == version:
                 return
-            self._seen.add(key)
+            self._seen[key] = (weakref.ref(tensor), version)
             array = _host_float32(tensor, inverse_scale)
             if array is None:
                 return
@@ -227,7 +233,7 @@ class RecipeProbe:
         """A step ended: remember it if it was sampled, start the next one's tensor order."""
         if sampled and self._order:
             self.steps.append(step)
-        self._order, self._seen = {}, set()
+        self._order, self._seen = {}, {}
 
     def measurements(self) -> dict:
         """{layer: {kind: {"tensors", "values", "skipped_nonfinite", "measured": {candidate: tensors},

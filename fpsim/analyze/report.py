@@ -256,6 +256,12 @@ class Report:
 
         return summary_table(self)
 
+    def recipe_table(self) -> str:
+        """The scaling-recipe table alone (one row per layer, a column per tensor kind; '' without recipes_every)."""
+        from .recipe_choice import recipe_lines
+
+        return "\n".join(recipe_lines(self.recipes)).strip("\n")
+
     # ----------------------------------------------------------------- files
     def to_tensorboard(self, directory, step: int | None = None) -> str:
         """Write the histograms, verdicts and loss scales as TensorBoard events at `step` (default: the run's

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import fpsim
-from fpsim import exact_blocks
+from fpsim import cli, exact_blocks
 from fpsim.analyze.evidence import FALLBACK_THRESHOLD, threshold
 from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
 from fpsim.analyze.recipe_choice import FP8_ORDER, judge_recipes
@@ -183,8 +183,9 @@ def test_a_real_run_gets_a_recipe_table_that_survives_save_and_load(tmp_path):
     report = w.last_report
     section = report.recipes
     assert section["steps"] == [0, 2] and section["every"] == 2
-    names = [layer["name"] for layer in section["layers"]]
-    assert "h.0.attn.c_attn" in names and "lm_head" in names
+    by_name = {layer["name"]: layer for layer in section["layers"]}
+    assert set(by_name["h.0.attn.c_attn"]["kinds"]) == {"activation", "activation_grad", "weight", "weight_grad"}
+    assert set(by_name["h.0.ln_1"]["kinds"]) == {"activation", "activation_grad"}    # its 1-D scale is no operand
     for layer in section["layers"]:
         floors = [ev["noise_floor"] for ev in report.shadow_evidence.get(layer["name"], {}).values()]
         if floors and floors[0] is not None:   # tied to the shadow steps' noise floor where one was measured
@@ -207,6 +208,8 @@ def test_a_real_run_gets_a_recipe_table_that_survives_save_and_load(tmp_path):
     assert loaded.recipes == report.recipes
     assert loaded.summary_table() == text
     assert loaded.to_json() == report.to_json()
+    assert cli.main(["compare", str(tmp_path), str(tmp_path)]) == 0
+    assert report.recipe_table() in text
 
 
 def test_the_table_has_one_row_per_layer_for_repeated_blocks():
