@@ -150,16 +150,19 @@ def recipe_lines(section: dict | None) -> list:
     kinds = measured_kinds(section)
     n = len(kinds)
     rows = grouped(table_rows(section), tail=n, merge=_max_error)
-    shown = [[name, kind_type, *(f"{c} {_pct(e)}".rstrip() for c, e in zip(row[2:2 + n], row[3 + n:])),
-              row[2 + n]] for row in rows for name, kind_type in [row[:2]]]
-    thresholds = sorted({(layer["threshold"], layer["threshold_source"].split(" (")[0].split(" ")[0])
-                         for layer in section["layers"]})
-    limit = ", ".join(f"{t:g}" for t, _ in thresholds[:4]) + (" ..." if len(thresholds) > 4 else "")
+    shown = []
+    for row in rows:
+        choices, narrowest, errors = row[2:2 + n], row[2 + n], row[3 + n:]
+        shown.append([row[0], row[1], *(f"{c} {_pct(e)}".rstrip() for c, e in zip(choices, errors)), narrowest])
+    limits = [layer["threshold"] for layer in section["layers"]]
+    floors = any(layer["threshold_source"].startswith("noise floor") for layer in section["layers"])
+    limit = f"{min(limits):.3g}" if min(limits) == max(limits) else f"{min(limits):.3g}..{max(limits):.3g}"
     lines = ["", f"scaling recipes measured on {len(section['steps'])} sampled steps (every {section['every']}): "
                  f"per layer and tensor kind, the cheapest FP8 recipe whose error ||q(x)-x||/||x|| stays under the "
                  f"layer's threshold ({limit}: "
-                 + ("its shadow-step noise floor" if any(s == "noise" for _, s in thresholds) else "fixed, no noise "
-                    "floor measured") + "), and that error; fp6/fp4: the narrowest MX/NV format serving every kind",
+                 + ("its shadow-step noise floor where measured, else " + f"{section['fallback_threshold']:g}"
+                    if floors else "fixed, no noise floor measured")
+                 + "), and that error; fp6/fp4: the narrowest MX/NV format serving every kind",
              "  order: " + " < ".join(FP8_ORDER)]
     lines.extend("  " + line for line in _table(["layer", "type", *kinds, "fp6/fp4"], shown))
     summary = section["summary"]
