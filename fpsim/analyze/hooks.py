@@ -35,7 +35,7 @@ from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
-from .recipe_probe import DEFAULT_MAX_ELEMENTS, RecipeProbe
+from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
 from .signals import Terminated, deferred_signals
 from .store import Store
@@ -94,7 +94,8 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
     recipes_every: on every N-th observed step, quantise each module's
         tensors with every FP8/FP6/FP4 scaling recipe and measure what each
         loses (fpsim.analyze.recipe_probe; default None: not measured).
-    recipe_max_elements: values measured per tensor on those steps.
+    recipe_max_elements, recipe_max_tensors: values measured per tensor, and (layer, kind) pairs per
+        sampled step (more take turns), on those steps.
     """
     return Watcher(model, formats, **options)
 
@@ -106,14 +107,15 @@ class Watcher:
                  every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
                  scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536,
                  shadow_every: int | None = None, shadow_scales=None, recipes_every: int | None = None,
-                 recipe_max_elements: int = DEFAULT_MAX_ELEMENTS):
+                 recipe_max_elements: int = DEFAULT_MAX_ELEMENTS, recipe_max_tensors: int = DEFAULT_MAX_TENSORS):
         import torch
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
         self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales)
-        self.recipes = None if recipes_every is None else RecipeProbe(recipes_every, recipe_max_elements)
+        self.recipes = None if recipes_every is None else RecipeProbe(recipes_every, recipe_max_elements,
+                                                                      recipe_max_tensors)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (count every N-th step), got {every!r}")
         if not isinstance(ops, bool):

@@ -18,7 +18,10 @@ Every tensor is measured in its GEMM view: weights and weight gradients as
 vector as one row; per-channel scaling is row-wise on that view, 1x128
 blocks run along its rows, 128x128 blocks tile it. A tensor of more than
 `max_elements` values is measured on evenly spaced chunks of 128 whole rows
-up to that size (its scales are those of the chunks). Delayed scaling keeps
+up to that size (its scales are those of the chunks). At most `max_tensors`
+(layer, kind) pairs are measured per sampled step: a larger model's pairs
+take turns, in groups in the order first seen, so the cost of a sampled step
+is bounded whatever the model's size. Delayed scaling keeps
 one amax history per tensor (its order in the step) over the sampled steps,
 so its first sample only records an amax.
 
@@ -47,6 +50,8 @@ RECIPE_KINDS = ("activation", "activation_grad", "weight", "weight_grad")
 """The tensor kinds the recipes are judged on (the GEMM operands and results a layer owns)."""
 DEFAULT_MAX_ELEMENTS = 1 << 14
 """Values measured per tensor (whole 128-row chunks, at least one)."""
+DEFAULT_MAX_TENSORS = 64
+"""(layer, kind) pairs measured per sampled step; a model with more takes turns over several sampled steps."""
 DELAYED_HISTORY = 16
 """Amax history of delayed scaling, in sampled tensors."""
 _ROWS = 128
@@ -161,12 +166,12 @@ def measure(view: np.ndarray, candidate: Candidate, state=None, mass: RowMass | 
 class RecipeProbe:
     """The sums of every candidate per (layer, kind), over the sampled steps; see the module docstring."""
 
-    def __init__(self, every: int, max_elements: int = DEFAULT_MAX_ELEMENTS):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"recipes_every must be a positive int (measure every N-th step), got {every!r}")
-        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
-            raise ValueError(f"recipe_max_elements must be a positive int, got {max_elements!r}")
-        self.every, self.max_elements = every, max_elements
+    def __init__(self, every: int, max_elements: int = DEFAULT_MAX_ELEMENTS, max_tensors: int = DEFAULT_MAX_TENSORS):
+        for name, value in (("recipes_every", every), ("recipe_max_elements", max_elements),
+                            ("recipe_max_tensors", max_tensors)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.every, self.max_elements, self.max_tensors = every, max_elements, max_tensors
         self.sums: dict = {}          # (layer, kind) -> float64[candidates, LOSS_SUMS]
         self.measured: dict = {}      # (layer, kind) -> int[candidates]: tensors each candidate measured
         self.tensors: dict = {}       # (layer, kind) -> tensors measured
@@ -176,11 +181,11 @@ class RecipeProbe:
         self.steps: list = []         # the sampled steps
         self.error = None
         self._order: dict = {}        # (layer, kind) -> tensors seen this step
+        self._index: dict = {}        # (layer, kind) -> its number, in the order first seen
+        self._turn: set = set()       # the pairs measured this step
+        self._known = 0               # pairs known when this sampled step began
+        self._samples = 0             # sampled steps so far
         self._seen: dict = {}         # (layer, kind, id) -> (weakref, version) of the tensors seen this step
-
-    @property
-    def active(self) -> bool:
-        return self.error is None
 
     def wants(self, step: int) -> bool:
         return self.error is None and step % self.every == 0
@@ -197,6 +202,8 @@ class RecipeProbe:
             if seen is not None and seen[0]() is tensor and seen[1] == version:
                 return
             self._seen[key] = (weakref.ref(tensor), version)
+            if not self._in_turn((name, kind)):
+                return
             array = _host_float32(tensor, inverse_scale)
             if array is None:
                 return
@@ -205,6 +212,18 @@ class RecipeProbe:
             self.error = f"{type(err).__name__}: {err}"
             warnings.warn(f"fpsim.watch: the recipe measurements stopped after an error ({self.error})",
                           RuntimeWarning, stacklevel=2)
+
+    def _in_turn(self, pair) -> bool:
+        """Whether a (layer, kind) is measured on this sampled step: at most max_tensors pairs a step, taking
+        turns in groups of max_tensors (in the order first seen), so that every pair comes round."""
+        index = self._index.setdefault(pair, len(self._index))
+        if pair in self._turn:
+            return True
+        rounds = max(1, -(-self._known // self.max_tensors))
+        if len(self._turn) >= self.max_tensors or (index // self.max_tensors) % rounds != self._samples % rounds:
+            return False
+        self._turn.add(pair)
+        return True
 
     def _measure(self, name: str, kind: str, array: np.ndarray) -> None:
         pair = (name, kind)
@@ -231,9 +250,11 @@ class RecipeProbe:
 
     def end_step(self, step: int, sampled: bool) -> None:
         """A step ended: remember it if it was sampled, start the next one's tensor order."""
-        if sampled and self._order:
+        if sampled and self._index:
             self.steps.append(step)
-        self._order, self._seen = {}, {}
+            self._samples += 1
+            self._known = len(self._index)
+        self._order, self._seen, self._turn = {}, {}, set()
 
     def measurements(self) -> dict:
         """{layer: {kind: {"tensors", "values", "skipped_nonfinite", "measured": {candidate: tensors},
@@ -248,7 +269,8 @@ class RecipeProbe:
         return out
 
     def describe(self) -> dict:
-        return {"every": self.every, "max_elements": self.max_elements, "steps": list(self.steps),
+        return {"every": self.every, "max_elements": self.max_elements, "max_tensors": self.max_tensors,
+                "steps": list(self.steps),
                 "delayed_history": DELAYED_HISTORY, "error": self.error}
 
 

@@ -234,3 +234,15 @@ def test_the_table_has_one_row_per_layer_for_repeated_blocks():
 def test_bad_recipes_every_is_a_value_error(bad):
     with pytest.raises(ValueError, match="recipes_every"):
         fpsim.watch(torch.nn.Linear(2, 2), recipes_every=bad)
+
+
+def test_pairs_beyond_the_per_step_budget_take_turns():
+    probe = RecipeProbe(1, max_tensors=2)
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((4, 32)).astype(np.float32))
+    for step in range(4):
+        for layer in "abcde":
+            probe.observe(layer, "activation", x.clone())
+        probe.end_step(step, True)
+    tensors = {name: probe.tensors.get((name, "activation"), 0) for name in "abcde"}
+    # step 0: a, b (the first two seen); then groups of two in turn: c, d; e; a, b
+    assert tensors == {"a": 2, "b": 2, "c": 1, "d": 1, "e": 1}
