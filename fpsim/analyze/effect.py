@@ -27,6 +27,10 @@ overflow; `rounding_rel_error` grows when the scale pushes values into the
 subnormal range. Float32 subnormals (`tiny`) are treated as the counts treat
 them: all flushed unless all of them survive. Update records carry no mass
 (their lost updates are counted apart): every number is None there.
+
+`RowMass` measures the same numbers on real values and their quantised
+values, row by row (the recipe probe: recipe_probe.py), instead of
+estimating them from the histogram.
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ def tensor_effects(stats, lim, scales) -> dict:
 MEASURED_KEYS = ("rel_error", "mass_lost_l1", "mass_lost_l2", "mass_clipped_l1", "mass_clipped_l2")
 """What `loss_shares` gives: the numbers above, measured on real values and their quantised values."""
 LOSS_SUMS = ("rows", *MEASURED_KEYS)
-"""What `loss_sums` gives: the rows measured, and each of MEASURED_KEYS summed over them (sums pool by addition)."""
+"""What `RowMass.loss_sums` gives: the rows measured, and each of MEASURED_KEYS summed over them (sums pool by addition)."""
 
 
 class RowMass:
@@ -169,11 +173,6 @@ class RowMass:
             else:
                 out += [0.0, 0.0]
         return np.array(out, dtype=np.float64)
-
-
-def loss_sums(x, q, beyond) -> np.ndarray:
-    """LOSS_SUMS of the rows of a 2-D tensor x quantised to q, `beyond` the values clipped (see RowMass)."""
-    return RowMass(x).loss_sums(q, beyond)
 
 
 def loss_shares(sums) -> dict:

@@ -2,7 +2,8 @@
 
 A recipe *serves* a layer's tensor kind when the error it adds,
 ||q(x) - x|| / ||x|| per row of the GEMM view averaged over the rows of
-the sampled tensors (effect.loss_sums: each dot product counts alike), is at most the layer's threshold: the shadow steps' threshold of that layer
+the sampled tensors (effect.RowMass: each dot product counts alike), is at
+most the layer's threshold: the shadow steps' threshold of that layer
 (evidence.threshold of its measured noise floor: 1 x the floor, held within
 0.01..0.5) when shadow steps ran and measured a floor, else
 evidence.FALLBACK_THRESHOLD (0.1), the threshold shadow steps use without a

@@ -6,24 +6,23 @@ recorded module: its output (`activation`), the gradient of that output
 (`activation_grad`), its parameters of two or more dimensions before the
 optimizer step (`weight`; biases and norm scales are no GEMM operand, and
 FP8 recipes keep them in BF16/FP32) and their gradients as backward
-produced them (`weight_grad`). Each is
-quantised with every CANDIDATE recipe, by fpsim's own recipes
-(fpsim.recipes) and block formats (fpsim.encode, the compiled kernel), and
-the loss is pooled per (layer, kind, recipe) as effect.loss_sums defines it:
-per row of the tensor's GEMM view, ||q(x) - x|| / ||x|| and the shares of
-its mass flushed to zero and clipped, averaged over the rows.
+produced them (`weight_grad`). Each is quantised with every CANDIDATE, by
+fpsim's own recipes (fpsim.recipes) and block formats (fpsim.encode and
+fpsim.quantize, the compiled kernel), and what it loses is pooled per
+(layer, kind, recipe) as effect.RowMass defines it: per row of the tensor's
+GEMM view, ||q(x) - x|| / ||x|| and the shares of its mass flushed to zero
+and clipped, summed over the rows (recipe_choice takes the means).
 
-Every tensor is measured in its GEMM view: weights and weight gradients as
-(out, in * ...), activations and their gradients as (rows, last dim), a
-vector as one row; per-channel scaling is row-wise on that view, 1x128
-blocks run along its rows, 128x128 blocks tile it. A tensor of more than
-`max_elements` values is measured on evenly spaced chunks of 128 whole rows
-up to that size (its scales are those of the chunks). At most `max_tensors`
-(layer, kind) pairs are measured per sampled step: a larger model's pairs
-take turns, in groups in the order first seen, so the cost of a sampled step
-is bounded whatever the model's size. Delayed scaling keeps
-one amax history per tensor (its order in the step) over the sampled steps,
-so its first sample only records an amax.
+The GEMM view: weights and weight gradients as (out, in * ...), activations
+and their gradients as (rows, last dim), a vector as one row; per-channel
+scaling is row-wise on it, 1x128 blocks run along its rows, 128x128 blocks
+tile it. Bounds: a tensor of more than `max_elements` values is measured on
+evenly spaced chunks of 128 whole rows up to that size (at least one; its
+scales are those of the chunks), and at most `max_tensors` (layer, kind)
+pairs are measured per sampled step (more take turns, in groups in the order
+first seen), so a sampled step costs about the same whatever the model.
+Delayed scaling keeps one amax history per tensor (told apart by its order
+in the step) over the sampled steps, so its first sample only records an amax.
 
 The probe reads tensors (a copy on the host) and never writes one; it
 draws no random numbers (every recipe rounds to nearest even). An error
