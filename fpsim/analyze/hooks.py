@@ -486,9 +486,10 @@ class Watcher:
                 groups = self._params_of(optimizer)
                 if not groups or not self._sampled:
                     return
-                for name, params in groups if self._recipe_step() else ():
-                    for p in params:
-                        self._probe_recipes(name, "weight", p)
+                if self._recipe_step():          # the weights as the forward used them, parameter by parameter
+                    for name, params in groups:
+                        for p in params:
+                            self._probe_recipes(name, "weight", p)
                 if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
                     self._count_weights_on_host(groups)
                     return
