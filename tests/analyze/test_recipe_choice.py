@@ -246,3 +246,21 @@ def test_pairs_beyond_the_per_step_budget_take_turns():
     tensors = {name: probe.tensors.get((name, "activation"), 0) for name in "abcde"}
     # step 0: a, b (the first two seen); then groups of two in turn: c, d; e; a, b
     assert tensors == {"a": 2, "b": 2, "c": 1, "d": 1, "e": 1}
+
+
+def test_the_summary_names_the_costliest_need_and_the_layers_forcing_it():
+    from fpsim.analyze.recipe_choice import summarize
+
+    def layer(name, needs, narrowest="mxfp4"):
+        return {"name": name, "kinds": {"weight": {"needs": needs, "narrowest": narrowest}}}
+
+    summary = summarize([layer("a", "delayed_e4m3"), layer("b", "per_channel_e4m3", "nvfp4"),
+                         layer("c", "delayed_e4m3")])
+    assert summary["by_kind"]["weight"] == {"recipe": "per_channel_e4m3", "forced_by": ["b"], "layers": 3,
+                                            "narrowest": "nvfp4"}
+    assert summary["model"] == "per_channel_e4m3" and summary["model_forced_by"] == ["b"]
+    alike = summarize([layer("a", "current_e4m3"), layer("b", "current_e4m3")])
+    assert alike["by_kind"]["weight"]["forced_by"] == []              # nobody forces what everyone needs
+    unserved = summarize([layer("a", "current_e4m3"), layer("b", None, None)])
+    assert unserved["by_kind"]["weight"]["recipe"] is None and unserved["by_kind"]["weight"]["forced_by"] == ["b"]
+    assert unserved["model"] is None
