@@ -137,7 +137,8 @@ def tensor_effects(stats, lim, scales) -> dict:
 MEASURED_KEYS = ("rel_error", "mass_lost_l1", "mass_lost_l2", "mass_clipped_l1", "mass_clipped_l2")
 """What `loss_shares` gives: the numbers above, measured on real values and their quantised values."""
 LOSS_SUMS = ("rows", *MEASURED_KEYS)
-"""What `RowMass.loss_sums` gives: the rows measured, and each of MEASURED_KEYS summed over them (sums pool by addition)."""
+"""What `RowMass.loss_sums` gives: the rows measured and each of MEASURED_KEYS summed over them (sums pool by
+addition)."""
 
 
 class RowMass:
