@@ -3,8 +3,10 @@
     python benchmarks/bench_watch.py [--models demo,gpt10m,layers500] [--steps 20] [--repeats 3] [--threads 1]
 
 Each model trains `steps` steps from the same initial weights, unobserved,
-observed every step and observed every 10th step (op-level observation, the
-default, with the mass per binade), interleaved `repeats` times. A run's time
+observed every step, observed every 10th step (op-level observation, the
+default, with the mass per binade) and observed every step with the scaling
+recipes measured every 10th (recipes_every=10: every FP8/FP6/FP4 recipe on
+each module's tensors), interleaved `repeats` times. A run's time
 is its mean step time after `warmup` steps, as CPU time of this process
 (torch runs one thread: other work on a shared machine does not count) and
 as wall-clock time; a configuration's time is the fastest of its runs (the
@@ -71,10 +73,10 @@ def layers500():
 MODELS = {"demo": demo_model, "gpt10m": gpt10m, "layers500": layers500}
 
 
-def timed_run(model, make_optimizer, batch, loss_fn, steps: int, warmup: int, every: int | None) -> tuple:
-    """(CPU, wall) mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(every=...)."""
+def timed_run(model, make_optimizer, batch, loss_fn, steps: int, warmup: int, options: dict | None) -> tuple:
+    """(CPU, wall) mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(**options)."""
     optimizer = make_optimizer(model.parameters())
-    context = watch(model, every=every) if every else contextlib.nullcontext()
+    context = watch(model, **options) if options is not None else contextlib.nullcontext()
     with context:
         for step in range(warmup + steps):
             if step == warmup:
@@ -113,20 +115,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    configs = {"unobserved": None, "every step": 1, "every 10 steps": 10}
+    configs = {"unobserved": None, "every step": {"every": 1}, "every 10 steps": {"every": 10},
+               "every step, recipes every 10": {"every": 1, "recipes_every": 10}}
     for key in args.models.split(","):
         title, initial, make_optimizer, batch, loss_fn = MODELS[key]()
         cpu, wall = {name: [] for name in configs}, {name: [] for name in configs}
         for _ in range(args.repeats):
-            for name, every in configs.items():
+            for name, options in configs.items():
                 c, w = timed_run(copy.deepcopy(initial), make_optimizer, batch, loss_fn, args.steps, args.warmup,
-                                 every)
+                                 options)
                 cpu[name].append(c)
                 wall[name].append(w)
         print(f"{title}, {args.threads} thread(s), {args.steps} steps x {args.repeats} interleaved repeats; "
               f"step time, fastest run (median run):")
         for name in configs:
-            print(f"  {name:<16} cpu {_times(cpu, name)}   wall {_times(wall, name)}")
+            print(f"  {name:<28} cpu {_times(cpu, name)}   wall {_times(wall, name)}")
     seconds, layers, findings = save_time()
     print(f"report.save with figures, 12-layer GPT ({layers} layers, {findings} op findings): {seconds:.2f} s")
     print("targets: every step <= 1.3, every 10 steps <= 1.05, report.save <= 2 s")

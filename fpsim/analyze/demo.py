@@ -116,7 +116,7 @@ def torch_threads(threads: int | None):
 
 
 def run_demo(out="fpsim-report", *, steps: int = DEMO_STEPS, every: int = 1, shadow_every: int | None = None,
-             formats=None, seed: int = DEMO_SEED,
+             recipes_every: int | None = None, formats=None, seed: int = DEMO_SEED,
              threads: int | None = 1, on_step=None, save: bool = True):
     """Train SensorNet under fpsim.watch and write the report to `out`; (report, paths, facts).
 
@@ -133,8 +133,8 @@ def run_demo(out="fpsim-report", *, steps: int = DEMO_STEPS, every: int = 1, sha
         data = sensor_data(seed=seed)
         torch.manual_seed(seed)
         model = SensorNet()
-        with watch(model, formats=formats or DEFAULT_FORMATS, every=every, shadow_every=shadow_every, on_step=on_step,
-                   out=out if save else None) as w:
+        with watch(model, formats=formats or DEFAULT_FORMATS, every=every, shadow_every=shadow_every,
+                   recipes_every=recipes_every, on_step=on_step, out=out if save else None) as w:
             losses = train(model, data, steps, seed=seed)
         report = w.last_report if save else w.report()
         accuracy = test_accuracy(model, data)

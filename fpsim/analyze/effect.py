@@ -27,6 +27,10 @@ overflow; `rounding_rel_error` grows when the scale pushes values into the
 subnormal range. Float32 subnormals (`tiny`) are treated as the counts treat
 them: all flushed unless all of them survive. Update records carry no mass
 (their lost updates are counted apart): every number is None there.
+
+`RowMass` measures the same numbers on real values and their quantised
+values, row by row (the recipe probe: recipe_probe.py), instead of
+estimating them from the histogram.
 """
 
 from __future__ import annotations
@@ -127,3 +131,54 @@ def tensor_effects(stats, lim, scales) -> dict:
     scales = list(scales)
     arrays = effects(stats.hist, stats.mass, lim, scales, [stats.overflows(lim, s) for s in scales])
     return {key: [None if np.isnan(v) else float(v) for v in values] for key, values in arrays.items()}
+
+
+# ------------------------------------------------------- measured on real values
+MEASURED_KEYS = ("rel_error", "mass_lost_l1", "mass_lost_l2", "mass_clipped_l1", "mass_clipped_l2")
+"""What `loss_shares` gives: the numbers above, measured on real values and their quantised values."""
+LOSS_SUMS = ("rows", *MEASURED_KEYS)
+"""What `RowMass.loss_sums` gives: the rows measured and each of MEASURED_KEYS summed over them (sums pool by
+addition)."""
+
+
+class RowMass:
+    """The rows of a 2-D tensor x with their mass, measured once for the LOSS_SUMS of several quantisations.
+
+    Per row r with nonzero mass (a row is one dot product of a GEMM: an
+    output channel of a weight, a token of an activation): ||q_r - x_r|| /
+    ||x_r||, and the shares of sum |x_r| and of sum x_r^2 carried by the
+    values lost (nonzero in x, zero in q: the values `effects` counts as
+    flushed) and by the values clipped (past the format's overflow threshold
+    after scaling, which a saturating cast turns into its max). Rows count
+    alike, so that a row flushed whole weighs as much as any other, however
+    small its values.
+    """
+
+    def __init__(self, x):
+        self.x = np.asarray(x, dtype=np.float64)
+        self.magnitude = np.abs(self.x)
+        self.square = np.square(self.x)
+        l2 = self.square.sum(axis=-1)
+        self.rows = l2 > 0
+        self.l1, self.l2 = self.magnitude.sum(axis=-1)[self.rows], l2[self.rows]
+
+    def loss_sums(self, q, beyond) -> np.ndarray:
+        """LOSS_SUMS of x quantised to q (x's shape); beyond: boolean mask of the values clipped. float64[6]."""
+        q = np.asarray(q, dtype=np.float64)
+        rows = self.rows
+        out = [rows.sum(), np.sqrt(np.square(q - self.x).sum(axis=-1)[rows] / self.l2).sum()]
+        for mask in ((q == 0) & (self.x != 0), np.asarray(beyond, dtype=bool)):    # flushed, clipped
+            if mask.any():
+                out += [((self.magnitude * mask).sum(axis=-1)[rows] / self.l1).sum(),
+                        ((self.square * mask).sum(axis=-1)[rows] / self.l2).sum()]
+            else:
+                out += [0.0, 0.0]
+        return np.array(out, dtype=np.float64)
+
+
+def loss_shares(sums) -> dict:
+    """MEASURED_KEYS from pooled LOSS_SUMS: each a mean over the rows measured (None each without rows)."""
+    sums = np.asarray(sums, dtype=np.float64)
+    if not sums[0] > 0:
+        return {key: None for key in MEASURED_KEYS}
+    return {key: float(v / sums[0]) for key, v in zip(MEASURED_KEYS, sums[1:])}

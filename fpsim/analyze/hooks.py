@@ -35,6 +35,7 @@ from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter, _fasthist
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
+from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
 from .signals import Terminated, deferred_signals
 from .store import Store
@@ -90,6 +91,11 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
         against their noise floor (default None: value counts only).
     shadow_scales: log2 of the candidate loss scales the shadow steps try for
         formats narrower than FP32 (default 0, 8, 16).
+    recipes_every: on every N-th observed step, quantise each module's
+        tensors with every FP8/FP6/FP4 scaling recipe and measure what each
+        loses (fpsim.analyze.recipe_probe; default None: not measured).
+    recipe_max_elements, recipe_max_tensors: values measured per tensor, and (layer, kind) pairs per
+        sampled step (more take turns), on those steps.
     """
     return Watcher(model, formats, **options)
 
@@ -100,13 +106,16 @@ class Watcher:
     def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, ops: bool = True,
                  every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
                  scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536,
-                 shadow_every: int | None = None, shadow_scales=None):
+                 shadow_every: int | None = None, shadow_scales=None, recipes_every: int | None = None,
+                 recipe_max_elements: int = DEFAULT_MAX_ELEMENTS, recipe_max_tensors: int = DEFAULT_MAX_TENSORS):
         import torch
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
         self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales)
+        self.recipes = None if recipes_every is None else RecipeProbe(recipes_every, recipe_max_elements,
+                                                                      recipe_max_tensors)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int (count every N-th step), got {every!r}")
         if not isinstance(ops, bool):
@@ -477,6 +486,10 @@ class Watcher:
                 groups = self._params_of(optimizer)
                 if not groups or not self._sampled:
                     return
+                if self._recipe_step():          # the weights as the forward used them, parameter by parameter
+                    for name, params in groups:
+                        for p in params:
+                            self._probe_recipes(name, "weight", p)
                 if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
                     self._count_weights_on_host(groups)
                     return
@@ -591,6 +604,8 @@ class Watcher:
             self._rank, self._world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if self._sampled:
             self.steps_observed += 1
+        if self.recipes is not None:
+            self.recipes.end_step(self.step, self._recipe_step())
         with self._tracer.busy():
             self._store.flush(self.step)
         self._counted = {}
@@ -613,6 +628,8 @@ class Watcher:
         version) is added again from its counts.
         """
 
+        if kind != "weight" and self._recipe_step():      # weights: _on_step_pre, parameter by parameter
+            self._probe_recipes(name, kind, tensor, unscale)
         row = self._store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
         cached = self._counted.get(key)
@@ -630,6 +647,16 @@ class Watcher:
                 pass
         self._store.add(row, counts, amax, self.step, mass=None if kind == "update" else mass)
         return row, counts
+
+    def _recipe_step(self) -> bool:
+        return self.recipes is not None and self._sampled and self.recipes.wants(self.step)
+
+    def _probe_recipes(self, name: str, kind: str, tensor, unscale: bool = False) -> None:
+        """Hand a recorded module's tensor to the recipe probe (op sites and modules outside the selection are
+        not judged)."""
+        if self._types.get(name, "op") != "op" and name not in self._hidden:
+            with self._tracer.busy():
+                self.recipes.observe(name, kind, tensor, self._inverse_scale if unscale else None)
 
     def _counts_of(self, tensor, unscale: bool):
         """(counts, amax, mass) of a tensor, Nones when it is empty; unscale: divide by the GradScaler's scale."""
@@ -795,9 +822,10 @@ class Watcher:
             run["model"] = self._label
         dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self.dtypes().items()}
         shadow = self.shadow.evidence() if self.shadow is not None and self.shadow.record.count else None
+        recipes = None if self.recipes is None else (self.recipes.measurements(), self.recipes.describe())
         return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
                             tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden),
-                            shadow=shadow)
+                            shadow=shadow, recipes=recipes)
 
 
 # ------------------------------------------------------------------ helpers

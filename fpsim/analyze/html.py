@@ -146,6 +146,7 @@ def render_html(report, pngs: dict) -> str:
         rows = [[_td(kind), _td(e["choice"] or "neither: keep bf16/fp32"), *(_share(e["lost"].get(n)) for n in names)]
                 for kind, e in report.fp8.items()]
         parts.append(_table(["tensor kind", "choice", *(f"lost in {n}" for n in names)], rows, sortable=False))
+    parts.extend(_recipes(report.recipes))
     parts.append("<h2>Reasons</h2>")
     rows = [[_td(layer.name), _td(f), _td(v.verdict, _SEVERITY[v.verdict], v.verdict), _td(v.reason)]
             for layer in report.layers for f in report.formats for v in [report.verdicts[layer.name][f]]]
@@ -158,6 +159,45 @@ def render_html(report, pngs: dict) -> str:
             parts.append(f"<p class='muted'>{_e(name)}</p><img alt='{_e(name)}' src='data:image/png;base64,{b64}'>")
     parts.append("<p class='muted'>Written by fpsim. Schema and definitions: docs/analyzer.md.</p>")
     return _page("fpsim gradient-underflow report", parts)
+
+
+def _recipes(section) -> list:
+    """The scaling-recipe table: one row per layer, per kind the cheapest FP8 recipe that serves and its error
+    (hover: every recipe's error), the narrowest FP6/FP4 format serving the layer, and the per-kind summary."""
+    from .recipe_choice import FP8_ORDER, measured_kinds, table_rows
+
+    if not section or not section["layers"]:
+        return []
+    kinds = measured_kinds(section)
+    n = len(kinds)
+    by_name = {layer["name"]: layer for layer in section["layers"]}
+    rows = []
+    for row in table_rows(section):
+        layer = by_name[row[0]]
+        cells = [_td(row[0]), _td(row[1])]
+        for kind, choice, error in zip(kinds, row[2:2 + n], row[3 + n:]):
+            entry = layer["kinds"].get(kind)
+            hover = "" if entry is None else "; ".join(
+                f"{c} {_pct(v['rel_error'])}" for c, v in entry["loss"].items() if v["rel_error"] is not None)
+            order = FP8_ORDER.index(choice) if choice in FP8_ORDER else len(FP8_ORDER)
+            cells.append(_td(f"{choice} {_pct(error)}".rstrip(), order, title=hover))
+        cells.append(_td(row[2 + n]))
+        cells.append(_td(f"{layer['threshold']:.3g}", layer["threshold"], "num", layer["threshold_source"]))
+        rows.append(cells)
+    parts = [f"<h2>Scaling recipes</h2><p class='muted'>Measured on {len(section['steps'])} sampled steps "
+             f"(every {section['every']}): per layer and tensor kind, the cheapest FP8 recipe (order: "
+             f"{_e(' < '.join(FP8_ORDER))}) whose error ||q(x)-x||/||x|| stays under the layer's threshold, "
+             "with that error (hover a cell for every recipe's error); fp6/fp4: the narrowest MX/NV format that "
+             "serves every kind of the layer.</p>",
+             _table(["layer", "type", *kinds, "fp6/fp4", ("threshold", "from the noise floor, else fixed")], rows)]
+    summary = section["summary"]
+    rows = [[_td(kind), _td(e["recipe"] or "none: keep bf16/fp32"), _td(", ".join(e["forced_by"])),
+             _td(e["narrowest"] or "none")] for kind, e in summary["by_kind"].items()]
+    rows.append([_td("whole model"), _td(summary["model"] or "none"), _td(", ".join(summary["model_forced_by"])),
+                 _td("")])
+    parts.append(_table(["tensor kind", "cheapest recipe serving every layer", "forced by", "narrowest"], rows,
+                        sortable=False))
+    return parts
 
 
 _FRACTIONS = (("flushed", "flushed to zero at scale 1", "underflow_fraction"),

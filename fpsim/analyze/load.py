@@ -3,7 +3,7 @@
 Everything a report computes (fractions, windows, evidence, the summary) is
 computed again from the histograms in the file, so a loaded report renders,
 saves and compares like the one that was saved, and `to_dict()` gives the
-same JSON. The verdicts, loss scales, GradScaler replay and FP8 recipe are
+same JSON. The verdicts, loss scales, GradScaler replay, FP8 recipe and scaling recipes are
 taken as written (they are what that run decided). Op sites outside the
 findings are stored in report.json with their verdicts and sample counts
 only: their loaded `TensorStats` have `hist=None` and `amax=None`.
@@ -76,7 +76,7 @@ def report_from_dict(data: dict):
     findings = [layer for layer in layers if layer.is_op]
     shadow, counted, shadow_evidence = _shadow(data, modules)
     return Report(limits, settings, dict(data["run"]), layers, verdicts, loss_scale, gradscaler,
-                  data["fp8_recipe"], 0, ops, findings, shadow, counted, shadow_evidence)
+                  data["fp8_recipe"], 0, ops, findings, shadow, counted, shadow_evidence, data.get("recipes"))
 
 
 def _shadow(data: dict, modules: list):

@@ -55,6 +55,7 @@ class Report:
     shadow: dict | None = None        # what the shadow steps measured (shadow.ShadowSteps.evidence), when run
     counted: dict | None = None       # with shadow steps: the value-count verdicts and loss scales they replace
     shadow_evidence: dict = dataclasses.field(default_factory=dict)  # layer -> {format: evidence}
+    recipes: dict | None = None       # what each scaling recipe loses per layer and kind (recipe_choice), when run
 
     @classmethod
     def load(cls, path) -> "Report":
@@ -112,6 +113,7 @@ class Report:
             "gradscaler": {name: p.to_dict() for name, p in self.gradscaler.items()},
             "fp8_recipe": self.fp8,
             "shadow": self.shadow_summary(),
+            "recipes": self.recipes,
             "summary": self.summary(),
             "layers": [self._entry(layer) for layer in self.layers],
             "ops": [{"name": op.name, "module": op.module, "op": op.name.rpartition(":")[2],
@@ -253,6 +255,12 @@ class Report:
         from .text import summary_table
 
         return summary_table(self)
+
+    def recipe_table(self) -> str:
+        """The scaling-recipe table alone (one row per layer, a column per tensor kind; '' without recipes_every)."""
+        from .recipe_choice import recipe_lines
+
+        return "\n".join(recipe_lines(self.recipes)).strip("\n")
 
     # ----------------------------------------------------------------- files
     def to_tensorboard(self, directory, step: int | None = None) -> str:
@@ -420,7 +428,8 @@ def _evidence(layer, lim, choice) -> dict:
 
 
 def build_report(snapshot, limits: list, settings: Settings, run: dict, types: dict, rank: int = 0,
-                 dtypes: dict | None = None, tied: dict | None = None, hidden=frozenset(), shadow=None) -> Report:
+                 dtypes: dict | None = None, tied: dict | None = None, hidden=frozenset(), shadow=None,
+                 recipes=None) -> Report:
     """Layers, op sites, verdicts, loss scales, FP8 recipe and GradScaler replay from a store Snapshot.
 
     types: record name -> module class name, or "op" for an op site.
@@ -428,6 +437,8 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
     hidden: module records kept only to compare their ops with (modules outside the selection).
     shadow: what shadow steps measured (ShadowSteps.evidence()): the module layers they measured are judged
         by it (evidence.py); the value-count verdicts and loss scales stay in Report.counted.
+    recipes: (RecipeProbe.measurements(), RecipeProbe.describe()) when the recipe probe ran: judged by
+        recipe_choice against each layer's threshold.
     """
     dtypes, tied = dtypes or {}, tied or {}
     entries: dict = {}
@@ -476,8 +487,14 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                 loss_scale[lim.name] = choice
     findings = [op for op in ops if _worse_than_module(op, verdicts, limits)]
     run = {**run_metadata(types), **run}
+    section = None
+    if recipes is not None:
+        from .recipe_choice import judge_recipes
+
+        section = judge_recipes(recipes[0], recipes[1], {m.name: m.type for m in modules}, shadow_evidence)
     return Report(limits, settings, run, modules + findings, verdicts, loss_scale, gradscaler,
-                  fp8_recipe(modules, limits, settings), rank, ops, findings, shadow, counted, shadow_evidence)
+                  fp8_recipe(modules, limits, settings), rank, ops, findings, shadow, counted, shadow_evidence,
+                  section)
 
 
 def run_metadata(types: dict) -> dict:

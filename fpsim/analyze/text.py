@@ -104,6 +104,9 @@ def summary_table(report) -> str:
         reasons = _finding_reasons(report, formats)
         lines.extend(f"  {text}" for text in reasons[:6])
     lines.extend(shadow_lines(report))
+    from .recipe_choice import recipe_lines
+
+    lines.extend(recipe_lines(report.recipes))
     lines.append("")
     lines.append("loss scale (one global scale for the gradients; FP8 rows are for reference, their verdicts "
                  "use per-tensor scales):")

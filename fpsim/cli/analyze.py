@@ -114,6 +114,7 @@ def cmd_demo(args) -> int:
     progress = _Progress("demo", args.steps, quiet=args.quiet)
     try:
         report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every, shadow_every=args.shadow_every,
+                                        recipes_every=args.recipes_every,
                                         formats=_analyzer_formats(args.formats), threads=args.threads,
                                         on_step=progress)
     finally:
@@ -160,7 +161,7 @@ def cmd_analyze(args) -> int:
             return _emulated(args, script_args)
     progress = _Progress("analyze", args.steps, quiet=args.quiet)
     run = ScriptRun(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
-                    shadow_every=args.shadow_every,
+                    shadow_every=args.shadow_every, recipes_every=args.recipes_every,
                     formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
     try:
         report, paths = run.run()
@@ -235,6 +236,9 @@ def _add_analyzer_options(p, with_modules: bool = False) -> None:
     p.add_argument("--shadow-every", type=positive_int, default=None, metavar="N",
                    help="replay every N-th step in each format and judge layers by the measured gradient error "
                         "against their noise floor (default: value counts only)")
+    p.add_argument("--recipes-every", type=positive_int, default=None, metavar="N",
+                   help="on every N-th observed step, measure what each FP8/FP6/FP4 scaling recipe loses per layer "
+                        "and tensor kind (docs/recipes.md; default: not measured)")
     p.add_argument("--formats", default="fp16,bf16,e4m3,e5m2", help="formats to judge, comma-separated")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads for the demo (default 1)")
     add_output_options(p)
