@@ -156,6 +156,38 @@ class Store:
         if self._gradient[row]:
             self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
+    def count_rows(self, items, kind: int, step: int, samples=None, mass: bool = True) -> None:
+        """Count CPU buffers into rows with the kernel, one observation per row: items ((row, ((address, n),
+        ...)), ...), kind as the kernel's (0 float32, 1 float16, 2 bfloat16), samples: the tensors each item
+        holds (default 1). All rows in one call (a module's weights or gradients each: hundreds of modules).
+        Not for gradient kinds (their amax feeds the per-step amax, which `add` keeps)."""
+        if any(self._gradient[row] for row, _ in items):
+            raise ValueError(f"count_rows is not for the gradient kinds {GRADIENT_KINDS}")
+        if self._host is not None:
+            _fasthist.count_rows(self._host, items, kind, step, mass)
+        for i, (row, parts) in enumerate(items):
+            if self._host is None:   # tables on another device: counted here, folded in at the flush
+                masses = np.zeros(MASS_SIZE) if mass else None
+                amax, pairs = _fasthist.count_parts(parts, kind, *(() if masses is None else (masses,)))
+                self.add(row, pairs, amax, step, 1 if samples is None else samples[i], mass=masses)
+            else:
+                self.samples[row] += 1 if samples is None else samples[i]
+
+    def count_updates(self, items, last, step: int) -> None:
+        """Count the float32 updates of CPU parameters and those lost per format (`last`: the kernel's table)
+        into update rows: items ((row, before, ((address, n), ...)), ...), the parameters' old values laid end
+        to end at address `before`. All rows in one call."""
+        if self._host is not None:
+            _fasthist.updates_rows(self._host, self.lost.data_ptr(), items, last, self.n_formats, step)
+            for row, _, _ in items:
+                self.samples[row] += 1
+            return
+        for row, before, parts in items:
+            lost = np.zeros(self.n_formats, dtype=np.int64)
+            amax, pairs = _fasthist.updates(before, parts, last, self.n_formats, lost)
+            self.add(row, pairs, amax, step)
+            self.add_lost(row, lost)
+
     def add_lost(self, row: int, lost) -> None:
         """Add per-format counts of lost updates (int64 [n_formats], numpy or torch) for an update record."""
         if self._host is not None and isinstance(lost, np.ndarray):
