@@ -163,20 +163,21 @@ class Store:
         Not for gradient kinds (their amax feeds the per-step amax, which `add` keeps)."""
         if any(self._gradient[row] for row, _ in items):
             raise ValueError(f"count_rows is not for the gradient kinds {GRADIENT_KINDS}")
+        samples = [1] * len(items) if samples is None else samples
         if self._host is not None:
             _fasthist.count_rows(self._host, items, kind, step, mass)
-        for i, (row, parts) in enumerate(items):
-            if self._host is None:   # tables on another device: counted here, folded in at the flush
-                masses = np.zeros(MASS_SIZE) if mass else None
-                amax, pairs = _fasthist.count_parts(parts, kind, *(() if masses is None else (masses,)))
-                self.add(row, pairs, amax, step, 1 if samples is None else samples[i], mass=masses)
-            else:
-                self.samples[row] += 1 if samples is None else samples[i]
+            for (row, _), n in zip(items, samples):
+                self.samples[row] += n
+            return
+        for (row, parts), n in zip(items, samples):   # tables on another device: folded in at the flush
+            masses = np.zeros(MASS_SIZE) if mass else None
+            amax, pairs = _fasthist.count_parts(parts, kind, *(() if masses is None else (masses,)))
+            self.add(row, pairs, amax, step, n, mass=masses)
 
     def count_updates(self, items, last, step: int) -> None:
         """Count the float32 updates of CPU parameters and those lost per format (`last`: the kernel's table)
-        into update rows: items ((row, before, ((address, n), ...)), ...), the parameters' old values laid end
-        to end at address `before`. All rows in one call."""
+        into update rows: items ((row, before, ((address, n), ...)), ...), `before` the address of those
+        parameters' old values, laid end to end. All rows in one call."""
         if self._host is not None:
             _fasthist.updates_rows(self._host, self.lost.data_ptr(), items, last, self.n_formats, step)
             for row, _, _ in items:
