@@ -21,6 +21,13 @@
  *   [rows, 512]) and their row count; adds pairs to raw[row], raises amax[row] (NaN sticks), for a
  *   non-finite amax_value lowers first[row] to step, and adds `mass` (float64[512]) to masses[row].
  *
+ * count_rows(tables, items, kind, step, with_mass) -> None: for each (row, parts) of `items`, counts
+ *   the buffers of `parts` ((address, n), ...) together and adds them to that row as accumulate does
+ *   (with their mass when with_mass): a module's weights or gradients, all modules in one call.
+ * updates_rows(tables, lost, items, last, n_formats, step) -> None: for each (row, before, parts) of
+ *   `items`, the updates of `parts` against the old values at address `before`, as updates counts them,
+ *   added to that row, and their lost counts to the int64 [rows, n_formats] table at address `lost`.
+ *
  * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
  * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
  * code of histogram.py is the reference; tests hold the two, and an independent numpy count, equal
@@ -365,6 +372,40 @@ static PyObject *count_parts(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dN)", magnitude_of(top, kind), pairs);
 }
 
+/* The float32 updates of the parts against the old values at w, into totals, lost_here and *top;
+   0 with an exception set when a part is malformed. */
+static int update_parts(const uint32_t *w, PyObject *parts, const int32_t *lim, int n_formats, int64_t *totals,
+                        int64_t *lost_here, uint32_t *top) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(parts); k++) {
+        unsigned long long address;
+        Py_ssize_t n;
+        if (!part_at(parts, k, &address, &n)) return 0;
+        const float *now = (const float *)(uintptr_t)address;
+        int release = n >= NOGIL_FROM;
+        PyThreadState *state = release ? PyEval_SaveThread() : NULL;
+        uint32_t t_top = *top;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float u_f = now[i] - f32_of(w[i]);
+            uint32_t u;
+            memcpy(&u, &u_f, 4);
+            uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
+            t_top = a > t_top ? a : t_top;
+            totals[F32_CLASS(u)]++;
+            if (t == 0) {
+                if (a) /* a float32 subnormal update: lost in every format */
+                    for (int f = 0; f < n_formats; f++) lost_here[f]++;
+                continue;
+            }
+            const int32_t *row = lim + g * n_formats;
+            for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
+        }
+        *top = t_top;
+        if (release) PyEval_RestoreThread(state);
+        w += n;
+    }
+    return 1;
+}
+
 static PyObject *updates(PyObject *self, PyObject *args) {
     unsigned long long before_address;
     int n_formats;
@@ -376,7 +417,6 @@ static PyObject *updates(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "updates: need a nonzero address and 1 to 64 formats, got %d", n_formats);
         return NULL;
     }
-    Py_ssize_t n_parts = PyTuple_GET_SIZE(parts);
     Py_buffer last, lost;
     if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     if (last.len < 256 * n_formats * 4) {
@@ -393,34 +433,10 @@ static PyObject *updates(PyObject *self, PyObject *args) {
     int64_t *out = (int64_t *)lost.buf;
     int64_t lost_here[64] = {0}, totals[1024] = {0};
     uint32_t top = 0;
-    for (Py_ssize_t k = 0; k < n_parts; k++) {
-        unsigned long long address;
-        Py_ssize_t n;
-        if (!part_at(parts, k, &address, &n)) {
-            PyBuffer_Release(&last);
-            PyBuffer_Release(&lost);
-            return NULL;
-        }
-        const float *now = (const float *)(uintptr_t)address;
-        int release = n >= NOGIL_FROM;
-        PyThreadState *state = release ? PyEval_SaveThread() : NULL;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float u_f = now[i] - f32_of(w[i]);
-            uint32_t u;
-            memcpy(&u, &u_f, 4);
-            uint32_t a = u & 0x7fffffffu, t = a >> 23, g = (w[i] >> 23) & 0xffu;
-            top = a > top ? a : top;
-            totals[F32_CLASS(u)]++;
-            if (t == 0) {
-                if (a) /* a float32 subnormal update: lost in every format */
-                    for (int f = 0; f < n_formats; f++) lost_here[f]++;
-                continue;
-            }
-            const int32_t *row = lim + g * n_formats;
-            for (int f = 0; f < n_formats; f++) lost_here[f] += (int32_t)t <= row[f];
-        }
-        if (release) PyEval_RestoreThread(state);
-        w += n;
+    if (!update_parts(w, parts, lim, n_formats, totals, lost_here, &top)) {
+        PyBuffer_Release(&last);
+        PyBuffer_Release(&lost);
+        return NULL;
     }
     for (int f = 0; f < n_formats; f++) out[f] += lost_here[f];
     PyBuffer_Release(&last);
@@ -428,6 +444,121 @@ static PyObject *updates(PyObject *self, PyObject *args) {
     PyObject *pairs = pairs_of(totals);
     if (!pairs) return NULL;
     return Py_BuildValue("(dN)", (double)f32_of(top), pairs);
+}
+
+typedef struct {
+    int64_t *raw;
+    float *amax;
+    int64_t *first;
+    double *mass;
+    Py_ssize_t rows;
+} tables_t;
+
+/* A store's tables from their addresses (raw, amax, first, masses, rows); 0 with an exception set when not. */
+static int tables_of(PyObject *obj, tables_t *t) {
+    unsigned long long raw, amax, first, mass;
+    if (!PyArg_ParseTuple(obj, "KKKKn", &raw, &amax, &first, &mass, &t->rows)) return 0;
+    if (!raw || !amax || !first || !mass) {
+        PyErr_SetString(PyExc_ValueError, "tables must be four nonzero addresses and a row count");
+        return 0;
+    }
+    t->raw = (int64_t *)(uintptr_t)raw, t->amax = (float *)(uintptr_t)amax;
+    t->first = (int64_t *)(uintptr_t)first, t->mass = (double *)(uintptr_t)mass;
+    return 1;
+}
+
+static int row_in(const tables_t *t, Py_ssize_t row) {
+    if (row >= 0 && row < t->rows) return 1;
+    PyErr_Format(PyExc_ValueError, "row %zd out of range: the tables have %zd rows", row, t->rows);
+    return 0;
+}
+
+/* Adds one observation's class totals, amax and (when given) mass to a row: amax rises (NaN sticks), a
+   non-finite amax lowers first[row] to step. */
+static void add_row(const tables_t *t, Py_ssize_t row, const int64_t *totals, double value, long long step,
+                    const double *mass) {
+    int64_t *dst = t->raw + row * RAW_SIZE;
+    for (int c = 0; c < 1024; c++) dst[c] += totals[c];
+    float *a = t->amax + row, v = (float)value;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    if (!isfinite(value) && step < t->first[row]) t->first[row] = step;
+    if (mass) {
+        double *dst_mass = t->mass + row * MASS_SIZE;
+        for (int k = 0; k < MASS_SIZE; k++) dst_mass[k] += mass[k];
+    }
+}
+
+static PyObject *count_rows(PyObject *self, PyObject *args) {
+    PyObject *tables_obj, *items;
+    int kind, with_mass;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "OO!iLp", &tables_obj, &PyTuple_Type, &items, &kind, &step, &with_mass) ||
+        !check_kind(kind) || !tables_of(tables_obj, &t))
+        return NULL;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(items); j++) {
+        Py_ssize_t row;
+        PyObject *parts;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(items, j), "nO!", &row, &PyTuple_Type, &parts) || !row_in(&t, row))
+            return NULL;
+        int64_t totals[1024] = {0};
+        double mass[MASS_SIZE] = {0};
+        uint32_t top = 0;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(parts); k++) {
+            unsigned long long address;
+            Py_ssize_t n;
+            if (!part_at(parts, k, &address, &n)) return NULL;
+            uint32_t part_top = count_buffer((const char *)(uintptr_t)address, n, kind, totals,
+                                             with_mass ? mass : NULL);
+            top = part_top > top ? part_top : top;
+        }
+        add_row(&t, row, totals, magnitude_of(top, kind), step, with_mass ? mass : NULL);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *updates_rows(PyObject *self, PyObject *args) {
+    PyObject *tables_obj, *items, *last_obj;
+    unsigned long long lost_address;
+    int n_formats;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "OKO!OiL", &tables_obj, &lost_address, &PyTuple_Type, &items, &last_obj, &n_formats,
+                          &step) || !tables_of(tables_obj, &t))
+        return NULL;
+    if (n_formats < 1 || n_formats > 64 || !lost_address) {
+        PyErr_Format(PyExc_ValueError, "updates_rows: need nonzero addresses and 1 to 64 formats, got %d", n_formats);
+        return NULL;
+    }
+    Py_buffer last;
+    if (PyObject_GetBuffer(last_obj, &last, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (last.len < 256 * n_formats * 4) {
+        PyBuffer_Release(&last);
+        PyErr_Format(PyExc_ValueError, "last must hold 256 x %d int32", n_formats);
+        return NULL;
+    }
+    int64_t *lost = (int64_t *)(uintptr_t)lost_address;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(items); j++) {
+        Py_ssize_t row;
+        unsigned long long before;
+        PyObject *parts;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(items, j), "nKO!", &row, &before, &PyTuple_Type, &parts) ||
+            !row_in(&t, row) || (!before && (PyErr_SetString(PyExc_ValueError, "updates_rows: a zero address"), 1))) {
+            PyBuffer_Release(&last);
+            return NULL;
+        }
+        int64_t lost_here[64] = {0}, totals[1024] = {0};
+        uint32_t top = 0;
+        if (!update_parts((const uint32_t *)(uintptr_t)before, parts, (const int32_t *)last.buf,
+                          n_formats, totals, lost_here, &top)) {
+            PyBuffer_Release(&last);
+            return NULL;
+        }
+        add_row(&t, row, totals, (double)f32_of(top), step, NULL);
+        for (int f = 0; f < n_formats; f++) lost[row * n_formats + f] += lost_here[f];
+    }
+    PyBuffer_Release(&last);
+    Py_RETURN_NONE;
 }
 
 static PyObject *accumulate(PyObject *self, PyObject *args) {
@@ -482,6 +613,12 @@ static PyMethodDef methods[] = {
     {"count_parts", count_parts, METH_VARARGS,
      "count_parts(parts, kind, mass=None) -> (amax, pairs): count over several buffers, parts being their "
      "(address, n); their mass added to mass as count does"},
+    {"count_rows", count_rows, METH_VARARGS,
+     "count_rows(tables, ((row, ((address, n), ...)), ...), kind, step, with_mass): count each row's buffers "
+     "together and add them to that row of the tables"},
+    {"updates_rows", updates_rows, METH_VARARGS,
+     "updates_rows(tables, lost, ((row, before, ((address, n), ...)), ...), last, n_formats, step): the "
+     "updates of each row's parameters against their old values at before, added to that row; lost counts to lost"},
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate((raw, amax, first, masses, rows), row, pairs, amax_value, step, mass=None): add a tensor's "
      "pairs, amax and mass to a table row, the tables given by address"},

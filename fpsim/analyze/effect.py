@@ -112,12 +112,15 @@ def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows) -> d
         clipped = np.where(overflows, below[256] - below[beyond_field], 0.0)
         out[f"mass_lost_{norm}"] = np.minimum(lost / total[norm], 1.0)
         out[f"mass_clipped_{norm}"] = np.minimum(clipped / total[norm], 1.0)
-    # rounding: per bin after scaling, inexact values x ulp^2 / 12, ulp back in unscaled units
-    binades = np.arange(len(hist.counts))[None, :] + E_LO + scales[:, None]
+    # rounding: per bin after scaling, inexact values x ulp^2 / 12, ulp back in unscaled units (only the bins
+    # holding values: the others add nothing, and a report asks this at a hundred scales per tensor and format)
+    used = np.flatnonzero(hist.counts)
+    counts, pow2 = hist.counts[used], hist.pow2[used]
+    binades = used[None, :] + E_LO + scales[:, None]
     kept = (binades >= z) & (binades <= emax)
-    exact = np.where(binades > z, hist.pow2, 0) + (np.where(binades == z, hist.pow2, 0) if lim.tie_to_zero else 0)
+    exact = np.where(binades > z, pow2, 0) + (np.where(binades == z, pow2, 0) if lim.tie_to_zero else 0)
     ulp_log2 = np.maximum(binades, emin) - man - scales[:, None]
-    squared = np.where(kept, (hist.counts - exact) * np.exp2(2.0 * ulp_log2), 0.0).sum(axis=1) / 12
+    squared = np.where(kept, (counts - exact) * np.exp2(2.0 * ulp_log2), 0.0).sum(axis=1) / 12
     top_tiny = TINY_LOG2_RANGE[1] - 1 + scales                        # tiny values kept: their top binade's spacing
     tiny_kept = (TINY_LOG2_RANGE[0] + scales > z) & (top_tiny <= emax)
     squared = squared + np.where(tiny_kept, hist.tiny * np.exp2(2.0 * (np.maximum(top_tiny, emin) - man - scales))
@@ -130,7 +133,7 @@ def tensor_effects(stats, lim, scales) -> dict:
     """EFFECT_KEYS -> list over `scales` (log2), for one TensorStats (None each where it has no mass)."""
     scales = list(scales)
     arrays = effects(stats.hist, stats.mass, lim, scales, [stats.overflows(lim, s) for s in scales])
-    return {key: [None if np.isnan(v) else float(v) for v in values] for key, values in arrays.items()}
+    return {key: [v if v == v else None for v in values.tolist()] for key, values in arrays.items()}   # NaN: None
 
 
 # ------------------------------------------------------- measured on real values

@@ -37,6 +37,7 @@ norm below or above any power of two (what a format flushes or clips).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -274,10 +275,16 @@ class Log2Histogram:
                              self.neg_inf + other.neg_inf, self.nan + other.nan)
 
     # ------------------------------------------------------------ totals
-    @property
+    @functools.cached_property
+    def _cumulative(self) -> list:
+        """[count of the bins below i for i in 0..N_BINS] as Python ints: every fraction is one or two lookups
+        (a report asks each histogram thousands of them; the histogram never changes)."""
+        return [0, *np.cumsum(self.counts).tolist()]
+
+    @functools.cached_property
     def nonzero(self) -> int:
         """Finite nonzero values: the denominator of every fraction."""
-        return int(self.counts.sum()) + self.tiny + self.huge
+        return self._cumulative[-1] + self.tiny + self.huge
 
     @property
     def total(self) -> int:
@@ -309,7 +316,7 @@ class Log2Histogram:
     def _below(self, edge: int, scale: int) -> int:
         """Count of binned values with e + scale < edge."""
         i = edge - scale - E_LO
-        return int(self.counts[:max(0, min(i, N_BINS))].sum())
+        return self._cumulative[max(0, min(i, N_BINS))]
 
     def _at(self, array: np.ndarray, e: int) -> int:
         i = e - E_LO
@@ -357,7 +364,8 @@ class Log2Histogram:
         """
         emax = limits.emax
         above = emax + 1 - scale - E_LO
-        sure = int(self.counts[max(0, min(above, N_BINS)):].sum()) + self.huge
+        cumulative = self._cumulative
+        sure = cumulative[-1] - cumulative[max(0, min(above, N_BINS))] + self.huge
         if TINY_LOG2_RANGE[1] - 1 + scale > emax:
             sure += self.tiny
         return sure, sure + self._at(self.counts, emax - scale)

@@ -32,7 +32,7 @@ import weakref
 import numpy as np
 
 from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
-from .histogram import MASS_SIZE, Log2Counter, _fasthist
+from .histogram import MASS_SIZE, Log2Counter
 from .limits import resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
@@ -503,20 +503,21 @@ class Watcher:
             self._fail(err)
 
     def _count_weights_on_host(self, groups) -> None:
-        """One copy of every parameter (the updates' "before"), counted module by module by the kernel."""
+        """One copy of every parameter (the updates' "before"), counted module by module by the kernel in one
+        call."""
         import torch
 
         flat = torch.cat([p.detach().reshape(-1) for _, params in groups for p in params])
-        address, offset = flat.data_ptr(), 0
+        address, offset, items = flat.data_ptr(), 0, []
         for name, params in groups:
             n = sum(p.numel() for p in params)
             if "weight" in self.kinds and n:
-                mass = np.zeros(MASS_SIZE)
-                amax, pairs = _fasthist.count(address + 4 * offset, n, 0, mass)
-                self._store.add(self._store.row(name, "weight", flat), pairs, amax, self.step, mass=mass)
+                items.append((self._store.row(name, "weight", flat), ((address + 4 * offset, n),)))
             if "update" in self.kinds:
                 self._snapshots[name] = (params, flat, offset)
             offset += n
+        if items:
+            self._store.count_rows(tuple(items), 0, self.step)
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
@@ -554,15 +555,16 @@ class Watcher:
         """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
         scaler = self._scaler() if self._scaler is not None else None
         scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
+        grad_items, grad_samples, update_items = [], [], []   # what the kernel counts in one call each
+        befores = []                                          # the copies update_items point into, kept alive
         for name, params in groups:
             if "optimizer_grad" in self.kinds:
                 grads = [p.grad for p in params if p.grad is not None]
                 if not scaled and self._counter.kernel and grads and all(_plain_f32(g) for g in grads):
-                    mass = np.zeros(MASS_SIZE)
-                    amax, pairs = _fasthist.count_parts(tuple((g.data_ptr(), g.numel()) for g in grads), 0, mass)
-                    if pairs:
-                        self._store.add(self._store.row(name, "optimizer_grad", grads[0]), pairs, amax, self.step,
-                                        samples=len(grads), mass=mass)
+                    parts = tuple((g.data_ptr(), g.numel()) for g in grads)
+                    if any(n for _, n in parts):
+                        grad_items.append((self._store.row(name, "optimizer_grad", grads[0]), parts))
+                        grad_samples.append(len(grads))
                 else:
                     for g in grads:
                         self._count(name, "optimizer_grad", g, unscale=scaled)
@@ -571,7 +573,11 @@ class Watcher:
                 continue
             params, before, offset = snapshot    # the parameters in the order they were copied
             if self._counter.kernel and all(_plain_f32(p) for p in params) and _plain_f32(before):
-                self._count_updates_on_host(name, params, before, offset)
+                parts = tuple((p.data_ptr(), p.numel()) for p in params)   # updates: params now - before
+                if any(n for _, n in parts):
+                    update_items.append((self._store.row(name, "update", before), before.data_ptr() + 4 * offset,
+                                         parts))
+                    befores.append(before)
                 continue
             now = _flat(params)
             before = before.narrow(0, offset, now.numel())
@@ -579,19 +585,10 @@ class Watcher:
             row, counts = self._count(name, "update", update)
             if counts is not None:
                 self._store.add_lost(row, self._lost_updates(update, before))
-
-    def _count_updates_on_host(self, name: str, params, before, offset: int) -> None:
-        """The updates (params now - before, in float32) and those lost per format, by the compiled kernel;
-        `before` holds the parameters' old values from `offset` on."""
-        parts = tuple((p.data_ptr(), p.numel()) for p in params)
-        if not sum(n for _, n in parts):
-            return
-        lost = np.zeros(len(self.limits), dtype=np.int64)
-        amax, pairs = _fasthist.updates(before.data_ptr() + 4 * offset, parts, self._lost_table(np.int32),
-                                        len(self.limits), lost)
-        row = self._store.row(name, "update", before)
-        self._store.add(row, pairs, amax, self.step)
-        self._store.add_lost(row, lost)
+        if grad_items:
+            self._store.count_rows(tuple(grad_items), 0, self.step, samples=grad_samples)
+        if update_items:
+            self._store.count_updates(tuple(update_items), self._lost_table(np.int32), self.step)
 
     def advance(self) -> None:
         """End the current step by hand (for loops without a torch.optim optimizer)."""

@@ -156,6 +156,39 @@ class Store:
         if self._gradient[row]:
             self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
+    def count_rows(self, items, kind: int, step: int, samples=None, mass: bool = True) -> None:
+        """Count CPU buffers into rows with the kernel, one observation per row: items ((row, ((address, n),
+        ...)), ...), kind as the kernel's (0 float32, 1 float16, 2 bfloat16), samples: the tensors each item
+        holds (default 1). All rows in one call (a module's weights or gradients each: hundreds of modules).
+        Not for gradient kinds (their amax feeds the per-step amax, which `add` keeps)."""
+        if any(self._gradient[row] for row, _ in items):
+            raise ValueError(f"count_rows is not for the gradient kinds {GRADIENT_KINDS}")
+        samples = [1] * len(items) if samples is None else samples
+        if self._host is not None:
+            _fasthist.count_rows(self._host, items, kind, step, mass)
+            for (row, _), n in zip(items, samples):
+                self.samples[row] += n
+            return
+        for (row, parts), n in zip(items, samples):   # tables on another device: folded in at the flush
+            masses = np.zeros(MASS_SIZE) if mass else None
+            amax, pairs = _fasthist.count_parts(parts, kind, *(() if masses is None else (masses,)))
+            self.add(row, pairs, amax, step, n, mass=masses)
+
+    def count_updates(self, items, last, step: int) -> None:
+        """Count the float32 updates of CPU parameters and those lost per format (`last`: the kernel's table)
+        into update rows: items ((row, before, ((address, n), ...)), ...), `before` the address of those
+        parameters' old values, laid end to end. All rows in one call."""
+        if self._host is not None:
+            _fasthist.updates_rows(self._host, self.lost.data_ptr(), items, last, self.n_formats, step)
+            for row, _, _ in items:
+                self.samples[row] += 1
+            return
+        for row, before, parts in items:
+            lost = np.zeros(self.n_formats, dtype=np.int64)
+            amax, pairs = _fasthist.updates(before, parts, last, self.n_formats, lost)
+            self.add(row, pairs, amax, step)
+            self.add_lost(row, lost)
+
     def add_lost(self, row: int, lost) -> None:
         """Add per-format counts of lost updates (int64 [n_formats], numpy or torch) for an update record."""
         if self._host is not None and isinstance(lost, np.ndarray):

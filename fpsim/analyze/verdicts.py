@@ -75,6 +75,8 @@ class TensorStats:
     an Inf among them is an overflow of every format whose threshold is not above it."""
     mass: object = None
     """The mass per binade (effect.Mass: sum |x|, sum x^2), None where none was kept (updates)."""
+    _windows: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    """(format limits, settings) -> window: each is asked for many times (verdicts, loss scale, report, figures)."""
 
     @property
     def nonzero(self) -> int:
@@ -108,11 +110,15 @@ class TensorStats:
 
     def window(self, lim, settings: Settings):
         """(lo, hi): the log2 loss scales that keep underflow <= threshold without overflow; None if none."""
-        lo_range, hi_range = settings.scale_range
-        if not self.nonzero:
-            return lo_range, hi_range
-        ok = [s for s in range(lo_range, hi_range + 1) if self.fits(lim, s, settings.underflow_threshold)]
-        return (ok[0], ok[-1]) if ok else None
+        key = (lim, settings)
+        if key not in self._windows:
+            lo_range, hi_range = settings.scale_range
+            if not self.nonzero:
+                self._windows[key] = lo_range, hi_range
+            else:
+                ok = [s for s in range(lo_range, hi_range + 1) if self.fits(lim, s, settings.underflow_threshold)]
+                self._windows[key] = (ok[0], ok[-1]) if ok else None
+        return self._windows[key]
 
     def tensor_scale(self, lim, margin: int = 0) -> int | None:
         """log2 of the per-tensor scale an FP8 recipe would use: amax * 2^s <= max, less `margin`."""

@@ -234,10 +234,59 @@ def test_lost_updates_match_an_independent_count(data):
         stats.lost_update_fraction(fpsim.analyze.FormatLimits.of("fp16"))
 
 
+def _numpy_mass_l1(values: np.ndarray) -> np.ndarray:
+    """Sum of |x| per float32 exponent field, by numpy (finite values; field 0 holds the subnormals)."""
+    v = np.asarray(values, dtype=np.float32).ravel()
+    v = v[np.isfinite(v)]
+    field = (v.view(np.uint32) >> 23) & 0xFF
+    out = np.zeros(256)
+    np.add.at(out, field, np.abs(v.astype(np.float64)))
+    return out
+
+
+def test_weights_optimizer_gradients_and_updates_match_an_independent_count(data):
+    """The optimizer-side records of every module (counted for all modules in one kernel call per kind) equal
+    numpy's count of the same tensors, captured around each step: counts, samples, amax and mass."""
+    model = small_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    layers = {"body.0": model.body[0], "pressure_norm": model.pressure_norm, "head": model.head}
+    seen = {name: {"weight": [], "optimizer_grad": [], "update": []} for name in layers}
+    before = {}
+
+    def pre(o, a, k):
+        for name, m in layers.items():
+            before[name] = [p.detach().clone() for p in m.parameters()]
+
+    def post(o, a, k):
+        for name, m in layers.items():
+            seen[name]["weight"] += [p.numpy().ravel() for p in before[name]]
+            seen[name]["optimizer_grad"] += [p.grad.detach().numpy().ravel().copy() for p in m.parameters()]
+            seen[name]["update"] += [(p.detach() - b).numpy().ravel() for p, b in zip(m.parameters(), before[name])]
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(post)
+    with watch(model, kinds=("weight", "optimizer_grad", "update")) as w:
+        for step in range(3):
+            i = torch.arange(step * 64, step * 64 + 64)
+            loss = nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]), data["label"][i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    for name in layers:
+        for kind, samples in (("weight", 3), ("optimizer_grad", 6), ("update", 3)):
+            stats = report.layer(name).tensors[kind]
+            values = np.concatenate(seen[name][kind])
+            assert_same(stats.hist, numpy_count(values))
+            assert stats.samples == samples, (name, kind)
+            assert stats.amax == float(np.abs(values).max()), (name, kind)
+            if kind != "update":      # updates carry no mass
+                np.testing.assert_allclose(stats.mass.l1, _numpy_mass_l1(values), rtol=1e-12, atol=0)
+
+
 def test_without_the_compiled_kernel_the_counts_and_mass_are_the_same(data, monkeypatch):
     """The torch path alone (as when no compiler was there at install) gives the same report."""
     import fpsim.analyze.histogram as histogram
-    import fpsim.analyze.hooks as hooks
     import fpsim.analyze.store as store
 
     def observed_run():
@@ -247,7 +296,7 @@ def test_without_the_compiled_kernel_the_counts_and_mass_are_the_same(data, monk
         return w.report()
 
     with_kernel = observed_run()
-    for module in (histogram, hooks, store):
+    for module in (histogram, store):        # the modules that call the kernel
         monkeypatch.setattr(module, "_fasthist", None)
     without = observed_run()
     assert [layer.name for layer in without.layers] == [layer.name for layer in with_kernel.layers]
