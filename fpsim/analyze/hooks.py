@@ -91,6 +91,9 @@ def watch(model, formats=DEFAULT_FORMATS, **options) -> "Watcher":
         against their noise floor (default None: value counts only).
     shadow_scales: log2 of the candidate loss scales the shadow steps try for
         formats narrower than FP32 (default 0, 8, 16).
+    shadow_numerics: how FP16/BF16 shadow steps compute: "emulated"
+        (default: autocast's op policy, each op in FP32 rounded once) or
+        "autocast" (torch's own low-precision kernels; see docs/verdicts.md).
     recipes_every: on every N-th observed step, quantise each module's
         tensors with every FP8/FP6/FP4 scaling recipe and measure what each
         loses (fpsim.analyze.recipe_probe; default None: not measured).
@@ -106,14 +109,16 @@ class Watcher:
     def __init__(self, model, formats=DEFAULT_FORMATS, *, kinds=KINDS, modules=None, ops: bool = True,
                  every: int = 1, optimizer=None, underflow_threshold: float = 1e-3, fp8_margin: int = 0,
                  scale_range=(-32, 64), out=None, on_step=None, step_capacity: int = 65536,
-                 shadow_every: int | None = None, shadow_scales=None, recipes_every: int | None = None,
+                 shadow_every: int | None = None, shadow_scales=None, shadow_numerics: str = "emulated",
+                 recipes_every: int | None = None,
                  recipe_max_elements: int = DEFAULT_MAX_ELEMENTS, recipe_max_tensors: int = DEFAULT_MAX_TENSORS):
         import torch
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
-        self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales)
+        self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales,
+                                                                    shadow_numerics)
         self.recipes = None if recipes_every is None else RecipeProbe(recipes_every, recipe_max_elements,
                                                                       recipe_max_tensors)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

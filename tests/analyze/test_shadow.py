@@ -198,9 +198,8 @@ def test_bad_shadow_options_fail_fast():
         watch(model, shadow_every=1, shadow_scales=(8, 16))
     with pytest.raises(ValueError, match="shadow_scales"):
         watch(model, shadow_every=1, shadow_scales="x")
-    w = watch(model, shadow_every=1)
     with pytest.raises(ValueError, match="'emulated', 'autocast', got 'fp16'"):
-        w.shadow.numerics = "fp16"
+        watch(model, shadow_every=1, shadow_numerics="fp16")
 
 
 SCRIPT = """

@@ -45,8 +45,7 @@ def _observe(task, numerics):
     model = copy.deepcopy(task["model"])
     torch.manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    w = watch(model, formats=("fp16", "bf16"), shadow_every=EVERY)
-    w.shadow.numerics = numerics
+    w = watch(model, formats=("fp16", "bf16"), shadow_every=EVERY, shadow_numerics=numerics)
     with w:
         for x, target in task["batches"](STEPS):
             loss = task["loss"](model(*x) if isinstance(x, tuple) else model(x), target)
