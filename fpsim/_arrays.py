@@ -14,6 +14,7 @@ already has: a tensor can only exist once torch is loaded, so `is_torch` asks
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import sys
 from typing import Callable, NamedTuple
@@ -422,6 +423,11 @@ class Ops:
         x = x.detach().cpu()
         wide = x.dtype == torch.float64 or not x.is_floating_point()
         return (x.to(torch.float64) if wide else x.float()).numpy()
+
+    def quiet_float_errors(self):
+        """numpy's overflow/invalid warnings off (lanes the caller replaces); torch warns of none, and
+        torch.compile traces no numpy context."""
+        return contextlib.nullcontext() if self.torch else np.errstate(over="ignore", invalid="ignore")
 
     @property
     def on_host(self) -> bool:

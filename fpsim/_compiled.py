@@ -39,7 +39,7 @@ def round_bits(w, fmt: Format, engine_options: dict):
 
 @functools.lru_cache(maxsize=128)
 def _engine(fmt: Format, options: tuple):
-    from .rounding import _round_bits
+    from .rounding import round_bits
 
     kwargs = dict(options)
     for name, attribute in vars(type(fmt)).items():  # computed here: Dynamo cannot enter their lock
@@ -47,8 +47,7 @@ def _engine(fmt: Format, options: tuple):
             getattr(fmt, name)
 
     def engine(w):
-        return _round_bits(w, fmt, _arrays.Ops(w), kwargs["rounding"], kwargs["saturate"], kwargs["rand_bits"],
-                           kwargs["flush_inputs"], kwargs["flush_outputs"], None)
+        return round_bits(w, fmt, _arrays.Ops(w), **kwargs)
 
     # A code object of its own: Dynamo keeps its compiled graphs per code object (a few each), and
     # with one shared by every format it would take the formats' constants for changing inputs.

@@ -316,7 +316,7 @@ def round_bits(w, fmt: Format, ops, *, rounding, saturate, rand_bits=None, flush
     (a `philox.Stream`; tests pass their own words to hold single draws to
     the exact oracle).
     """
-    with np.errstate(over="ignore", invalid="ignore"):  # Inf/NaN lanes are replaced below
+    with ops.quiet_float_errors():  # Inf/NaN lanes are replaced below
         return _round_bits(w, fmt, ops, rounding, saturate, rand_bits, flush_inputs, flush_outputs, stream)
 
 
