@@ -144,7 +144,7 @@ def _max_error(values):
 
 def recipe_lines(section: dict | None) -> list:
     """The summary's recipe table: one row per layer (repeated blocks that agree merged), a column per kind."""
-    from .text import _table, grouped
+    from .text import aligned_table, grouped
 
     if not section or not section["layers"]:
         return []
@@ -165,7 +165,7 @@ def recipe_lines(section: dict | None) -> list:
                     if floors else "fixed, no noise floor measured")
                  + "), and that error; fp6/fp4: the narrowest MX/NV format serving every kind",
              "  order: " + " < ".join(FP8_ORDER)]
-    lines.extend("  " + line for line in _table(["layer", "type", *kinds, "fp6/fp4"], shown))
+    lines.extend("  " + line for line in aligned_table(["layer", "type", *kinds, "fp6/fp4"], shown))
     summary = section["summary"]
     for kind, entry in summary["by_kind"].items():
         forced = entry["forced_by"]

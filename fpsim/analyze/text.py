@@ -55,7 +55,7 @@ def grouped(rows: list, tail: int = 0, merge=max) -> list:
     return out
 
 
-def _table(header: list, rows: list) -> list:
+def aligned_table(header: list, rows: list) -> list:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
     for row in rows:
@@ -91,14 +91,14 @@ def summary_table(report) -> str:
     rows = [(layer.name, layer.type, *(report.verdicts[layer.name][f].verdict for f in formats),
              _worst_underflow(layer, first_scaled)) for layer in modules]
     table_rows = [list(row) for row in grouped(rows, tail=1, merge=_larger_share)]
-    lines = _table(["layer", "type", *formats, "worst grad underflow @1"], table_rows)
+    lines = aligned_table(["layer", "type", *formats, "worst grad underflow @1"], table_rows)
     if report.findings:
         lines.append("")
         lines.append("ops judged worse than their module's output (every op's verdicts: report.json \"ops\"):")
         op_rows = grouped([(op.name, "/".join(sorted(op.dtypes)) or "-",
                             *(report.verdicts[op.name][f].verdict for f in formats)) for op in report.findings])
         shown = op_rows[:MAX_FINDING_ROWS]
-        lines.extend("  " + line for line in _table(["op", "ran in", *formats], [list(r) for r in shown]))
+        lines.extend("  " + line for line in aligned_table(["op", "ran in", *formats], [list(r) for r in shown]))
         if len(op_rows) > MAX_FINDING_ROWS:
             lines.append(f"  ... {len(op_rows) - MAX_FINDING_ROWS} more rows in report.json")
         reasons = _finding_reasons(report, formats)
