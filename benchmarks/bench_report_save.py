@@ -22,16 +22,6 @@ import torch
 from common import fastest, gpt_report
 
 
-def fastest_cpu(function, repeats: int) -> float:
-    """CPU seconds of this process for the fastest of `repeats` calls."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        function()
-        best = min(best, time.process_time() - start)
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -44,8 +34,8 @@ def main() -> None:
         report.save(folder)   # warm: imports matplotlib, builds its font cache
         with_figures = fastest(lambda: report.save(folder), args.repeats)
         without = fastest(lambda: report.save(folder, figures=False), args.repeats)
-        with_figures_cpu = fastest_cpu(lambda: report.save(folder), args.repeats)
-        without_cpu = fastest_cpu(lambda: report.save(folder, figures=False), args.repeats)
+        with_figures_cpu = fastest(lambda: report.save(folder), args.repeats, clock=time.process_time)
+        without_cpu = fastest(lambda: report.save(folder, figures=False), args.repeats, clock=time.process_time)
     print(f"12-layer GPT report ({layers} layers, {len(report.findings)} op findings), fastest of {args.repeats}:")
     print(f"  report.save with figures     {with_figures:6.2f} s   cpu {with_figures_cpu:6.2f} s   (target <= 2 s)")
     print(f"  report.save, figures=False   {without:6.2f} s   cpu {without_cpu:6.2f} s")
