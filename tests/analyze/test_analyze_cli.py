@@ -133,6 +133,14 @@ SLOW_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _interruptible():
+    """In the child: SIGINT to its default, which Python turns into KeyboardInterrupt. A suite started in
+    the background of a non-interactive shell inherits SIGINT ignored, and Python then keeps it ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_slow_script(tmp_path):
     import os
     import subprocess
@@ -142,7 +150,7 @@ def start_slow_script(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "fpsim", "analyze", "--out", str(out), "--formats", "fp16",
                              str(script), "--", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=_interruptible)
     import time
 
     deadline = time.time() + 120
