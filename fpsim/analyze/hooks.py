@@ -147,6 +147,7 @@ class Watcher:
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
+        self._tie_owner: dict = {}                      # record name -> the record its tied parameters count under
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
@@ -235,6 +236,7 @@ class Watcher:
                 if owner is not None:
                     self.tied.setdefault(owner, []).append(name)
                     self.tied.setdefault(name, []).append(owner)
+                    self._tie_owner[name] = self._tie_owner.setdefault(owner, owner)
                     continue
                 self._param_owner[p] = name
                 if "weight_grad" in self.kinds and p.requires_grad:
@@ -778,7 +780,7 @@ class Watcher:
             if group not in done:
                 done.add(group)
                 notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
-                             f"under {group[0] if group[0] in self._types else name}")
+                             f"under {self._tie_owner.get(name, name)}")
         if self.unplain_params:
             names = sorted(self.unplain_params)
             notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "

@@ -43,7 +43,9 @@ def test_transformers_trainer_with_a_tiny_gpt2(tmp_path):
     assert "transformer.h.0.attn.c_attn" in names and "transformer.wte" in names
     ops = {op.name for op in report.ops}
     assert any(name.startswith("transformer.h.0.attn:") for name in ops)   # ops inside the attention
-    assert any("tied weights" in note for note in report.run["notes"])      # lm_head is wte
+    tied = [note for note in report.run["notes"] if "tied weights" in note]   # lm_head is wte
+    assert tied and tied[0].endswith("counted once, under transformer.wte")
+    assert report.layer("transformer.wte").tensors["weight"].samples > 0     # where the counts really are
     assert report.layer("transformer.h.1.mlp.c_fc").tensors["weight_grad"].samples == 8   # weight, bias x 4
 
 
