@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from ..trace import OUTSIDE
 from .verdicts import LossScale, Verdict
 
 MARGIN = 1.0
@@ -61,7 +62,9 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
     layers: the report's module layers; shadow: ShadowRecord.to_dict();
     counted: {layer name: counted Verdict}. Returns ({layer: Verdict},
     LossScale or None when no layer has evidence, {layer: evidence dict}).
-    Layers without shadow evidence (no gradient reached them) keep their counted verdict.
+    A layer whose parameters are all tied to another's (a GPT head sharing the embedding) is judged by the
+    shared parameters' gradient, measured under the layer the shadow steps found them in. Layers without
+    shadow evidence (no gradient reached them) keep their counted verdict.
     """
     fmt = lim.name
     sources = shadow.get("overflow_sources", {}).get(fmt, {})
@@ -71,6 +74,11 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
         entry = shadow["layers"].get(layer.name)
         if entry is not None and fmt in entry["formats"]:
             measured[layer.name] = (entry["formats"][fmt], entry["noise_floor"])
+    tied_to = {}
+    for layer in layers:
+        owner = next((t for t in layer.tied_with if t in measured), None)
+        if layer.name not in measured and owner is not None:
+            measured[layer.name], tied_to[layer.name] = measured[owner], owner
     if not measured and not sources:
         return {}, None, {}
     scales = sorted({s for by_scale, _ in measured.values() for s in by_scale})
@@ -108,7 +116,11 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
               "share_nonfinite": at1["share_nonfinite"] if at1 else None,
               "stands_out": not _passes(at1, limit), "overflow_source_steps": sources.get(name, 0),
               "by_scale_log2": {str(s): m for s, m in sorted(by_scale.items())}}
-        quote = (f"{fmt} shadow steps ({ev['steps']}): gradient error {_num(ev['grad_rel_error'])} at scale 1, "
+        shares = ""
+        if name in tied_to:
+            ev["tied_to"] = tied_to[name]
+            shares = f", the parameters it shares with {tied_to[name]}"
+        quote = (f"{fmt} shadow steps ({ev['steps']}{shares}): gradient error {_num(ev['grad_rel_error'])} at scale 1, "
                  f"noise floor {_num(floor)} (threshold {_num(limit)})")
         if at1 is not None and at1["share_zeroed"]:
             quote += f", {at1['share_zeroed']:.2%} of its norm lost to zeros"
@@ -162,3 +174,23 @@ def scale_reason(lim, choice: LossScale | None, evidence: dict) -> str | None:
     if choice.unserved:
         text += f"; not served: {', '.join(choice.unserved[:6])}"
     return text
+
+
+def judge_ops(ops: list, verdicts: dict, judged: dict, shadow: dict, fmt: str) -> dict:
+    """Op verdicts for a format the shadow steps replay whole (fp16, bf16), as {op name: Verdict}.
+
+    An op inside the model acts on training only through the gradients the replay measured. Where the
+    replay of this format was clean (no overflow source, every measured layer `ok`), an op's counted finding
+    showed in no gradient: `ok`, its counts quoted. Where it was not, the counted op verdicts stand: they
+    locate the cause. Ops outside every module (the loop's own, such as a loss) are not replayed.
+    """
+    if not judged or shadow.get("overflow_sources", {}).get(fmt) or any(v.verdict != "ok" for v in judged.values()):
+        return {}
+    out = {}
+    for op in ops:
+        counted = verdicts[op.name][fmt]
+        if op.module != OUTSIDE and counted.verdict != "ok":
+            out[op.name] = Verdict("ok", f"value counts: {counted.verdict} ({counted.reason}); not borne out: "
+                                   f"the {fmt} shadow steps found no overflow in the model and no layer's "
+                                   f"gradient standing out of its noise floor", tensor_scales=counted.tensor_scales)
+    return out

@@ -477,13 +477,15 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                 gradscaler[lim.name] = prediction
     counted, shadow_evidence = None, {}
     if shadow is not None:
-        from .evidence import judge
+        from .evidence import judge, judge_ops
 
         counted = {"verdicts": {n: dict(v) for n, v in verdicts.items()}, "loss_scale": dict(loss_scale)}
         for lim in limits:
             judged, choice, evidence = judge(modules, lim, shadow,
                                              {m.name: verdicts[m.name][lim.name] for m in modules},
                                              loss_scale[lim.name])
+            if not lim.per_tensor_scaled:
+                judged.update(judge_ops(ops, verdicts, judged, shadow, lim.name))
             for name, verdict in judged.items():
                 verdicts[name][lim.name] = verdict
             for name, ev in evidence.items():

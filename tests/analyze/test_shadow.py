@@ -141,6 +141,56 @@ def test_real_overflow_gets_fp32_and_the_rest_stays_ok():
     assert report.verdict("raw", "bf16") == "ok"
 
 
+class TinyGPT2LM(nn.Module):
+    """transformers' GPT-2 (2 layers, 32 wide, random init): logits from token ids. Its head is tied to the
+    token embedding, and its attention adds a float32 mask holding float32's lowest value to its scores."""
+
+    def __init__(self):
+        super().__init__()
+        from framework_helpers import tiny_gpt2
+
+        self.gpt = tiny_gpt2()
+
+    def forward(self, ids):
+        return self.gpt(input_ids=ids).logits
+
+
+def gpt2_batches(steps, batch=8):
+    g = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        walk = torch.randint(-2, 3, (batch, 17), generator=g).cumsum(1) % 64      # a learnable token stream
+        yield walk[:, :-1], walk[:, 1:]
+
+
+def lm_loss(logits, target):
+    return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def test_harmless_fp16_of_a_tied_gpt2_is_ok_throughout_with_its_counted_findings_kept():
+    pytest.importorskip("transformers")
+    fp32 = train_real(TinyGPT2LM(), lm_loss, gpt2_batches(60), lr=3e-3)["losses"]
+    fp16 = train_real(TinyGPT2LM(), lm_loss, gpt2_batches(60), lr=3e-3, dtype=torch.float16)["losses"]
+    assert sum(fp16[-10:]) == pytest.approx(sum(fp32[-10:]), rel=1e-2)    # real FP16, no scale: as FP32
+    model = TinyGPT2LM()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    with watch(model, formats=("fp16", "bf16"), shadow_every=5) as w:
+        for x, y in gpt2_batches(20):
+            loss = lm_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    for fmt in ("fp16", "bf16"):
+        assert {report.verdicts[e.name][fmt].verdict for e in report.layers + report.ops} == {"ok"}, fmt
+        assert report.loss_scale[fmt].recommended_log2 == 0
+    head = report.shadow_evidence["gpt.lm_head"]["fp16"]     # its weight is the embedding's: judged by it
+    assert head["basis"] == "shadow steps" and head["tied_to"] == "gpt.transformer.wte"
+    counted = report.counted["verdicts"]
+    masked = [n for n in counted if ":" in n and counted[n]["fp16"].verdict == "fp32"]
+    assert masked                                  # the counts see float32's lowest value overflow FP16 ...
+    assert all("not borne out" in report.verdicts[n]["fp16"].reason for n in masked)   # ... which did no harm
+
+
 # ---------------------------------------------------------------- report
 def test_report_json_carries_the_evidence_and_the_counts_beside():
     report = observe("aux_head", formats=("fp16", "bf16", "e4m3"))
