@@ -10,7 +10,8 @@ and on copies of the buffers (BatchNorm's running stats of the real model stay
 as they are), with the RNG set to the captured state (the same dropout masks)
 and restored after (the run's RNG stream is untouched):
 
-- FP32 (autocast off): the reference gradient g of every parameter;
+- FP32 (autocast off): the reference gradient g of every parameter (in a plain FP32 run the real backward's
+  gradients, once a replay has matched them: `_reference`);
 - FP32 on each half of the batch, gA and gB: the noise floor ||gA - gB|| /
   ||gA + gB|| is the relative noise the FP32 gradient itself carries (the
   halves' difference has the spread of g's own sampling noise; with per-sample
@@ -65,6 +66,12 @@ FP32 and rounded once (replay.EmulatedAutocast: a GPU kernel's numerics, at abou
 torch's own low-precision kernels (replay.Autocast: on CPUs without FP16/BF16 matrix units ~15x slower)."""
 MAX_OVERFLOW_PASSES = 3
 """Replays with more overflow sources kept in FP32 before giving up on finding them all."""
+RECHECK_EVERY = 8
+"""The real backward's gradients stand in for the FP32 reference replay once a replay has matched them; every
+this many format turns the reference is replayed again to check that they still match."""
+MATCH_TOLERANCE = 1e-6
+"""Relative distance within which the real gradients match the reference replay (FP32 reassociation; the
+errors the replays measure are 1e-4 and above)."""
 
 
 @dataclasses.dataclass
@@ -140,6 +147,8 @@ class _Capture:
     cuda_rng: list | None
     grads: list = dataclasses.field(default_factory=list)   # per output leaf: float32 gradient or None
     handles: list = dataclasses.field(default_factory=list)
+    real: dict | None = dataclasses.field(default_factory=dict)   # parameter name -> the real backward's
+    # gradient; None when the step ran the model more than once (gradient accumulation: they would be summed)
 
 
 class ShadowSteps:
@@ -176,6 +185,8 @@ class ShadowSteps:
         self._escalated: set = set()          # formats whose other candidate scales are replayed
         self._turn = 0                        # position in the rotation: the noise floor, then each format
         self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
+        self._real_matches = None             # whether the real gradients matched the last reference replay
+        self._format_turns = 0
 
     @property
     def numerics(self) -> str:
@@ -284,8 +295,11 @@ class ShadowSteps:
 
     def _on_forward(self, module, args, kwargs, output):
         capture = self._capture
-        if capture is None or capture.grads or capture.handles:
-            return None                              # not shadowed, or a later forward of the same step
+        if capture is None:
+            return None                              # not shadowed
+        if capture.grads or capture.handles:         # a later forward of the same step
+            capture.real = None
+            return None
         try:
             leaves = float_leaves(output)
             capture.grads = [None] * len(leaves)
@@ -294,6 +308,11 @@ class ShadowSteps:
                     capture.handles.append(t.register_hook(self._grad_hook(capture, i)))
             if not capture.handles:
                 self.forget()
+                return None
+            if self._real_matches is not False:
+                for name, p in self.core.named_parameters():
+                    if p.requires_grad:
+                        capture.handles.append(p.register_hook(self._param_hook(capture, name)))
         except Exception as err:
             self._fail(err)
         return None
@@ -304,6 +323,17 @@ class ShadowSteps:
                 with self._busy():
                     g = grad.detach().float().clone()
                     capture.grads[i] = g if capture.grads[i] is None else capture.grads[i] + g
+            except Exception as err:
+                self._fail(err)
+        return on_grad
+
+    def _param_hook(self, capture, name):
+        def on_grad(grad):
+            try:
+                with self._busy():
+                    if capture.real is not None:
+                        g = grad.detach().float().clone()
+                        capture.real[name] = g if name not in capture.real else capture.real[name] + g
             except Exception as err:
                 self._fail(err)
         return on_grad
@@ -319,6 +349,8 @@ class ShadowSteps:
             with self._busy():
                 if inverse_scale is not None:   # a GradScaler'd backward: judge the gradients unscaled
                     capture.grads = [None if g is None else g * inverse_scale.to(g.device) for g in capture.grads]
+                    if capture.real is not None:
+                        capture.real = {n: g * inverse_scale.to(g.device) for n, g in capture.real.items()}
                 self._replay(capture)
         except Exception as err:
             self._fail(err)
@@ -355,10 +387,22 @@ class ShadowSteps:
                 return
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
-        reference = self._backward(capture, params, FP32(device), (0,))[0]
+        reference = self._reference(capture, params, device)
         ref = {name: _flat(reference, names) for name, names in self._groups}
         ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
         self._replay_format(task, capture, params, device, ref)
+
+    def _reference(self, capture, params, device) -> dict:
+        """The FP32 gradients of the captured step: the real backward's where they matched the last reference
+        replay (a plain FP32 run with one backward per step), else, and every RECHECK_EVERY-th format turn, a
+        replay (which checks the match again: an AMP run's, an accumulated or a regularised step's differ)."""
+        self._format_turns += 1
+        if capture.real is not None and self._real_matches and self._format_turns % RECHECK_EVERY:
+            return capture.real
+        replayed = self._backward(capture, params, FP32(device), (0,))[0]
+        if capture.real is not None and self._real_matches is not False:
+            self._real_matches = _matches(capture.real, replayed)
+        return replayed
 
     def _replay_format(self, lim, capture, params, device, ref) -> None:
         """Replay the step in `lim` (again with the overflow sources found kept in FP32) and add its errors to the record."""
@@ -485,6 +529,17 @@ def _halves(capture):
         out.append(dataclasses.replace(capture, args=tree_map(cut, capture.args), kwargs=tree_map(cut, capture.kwargs),
                                        grads=grads, handles=[]))
     return out
+
+
+def _matches(real: dict, replayed: dict) -> bool:
+    """Every parameter the replay gave a gradient has a real one within MATCH_TOLERANCE of it."""
+    for name, g in replayed.items():
+        r = real.get(name)
+        if g is None:
+            continue
+        if r is None or r.shape != g.shape or float((r - g).norm()) > MATCH_TOLERANCE * float(g.norm()):
+            return False
+    return True
 
 
 def _flat(grads: dict, names: list):

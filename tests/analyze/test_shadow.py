@@ -101,6 +101,40 @@ def test_shadow_steps_leave_the_run_bitwise_unchanged():
     assert torch.equal(rng0, rng1) and torch.equal(draw0, draw1)
 
 
+def _shadow_record(replay_reference: bool, decay: float = 0.0, accumulate: int = 1):
+    """What shadowing every step of DropoutBatchNorm measured, and whether the real gradients stood in for the
+    FP32 reference; replay_reference: never let them (the reference replayed on every step, the oracle)."""
+    torch.manual_seed(0)
+    model = DropoutBatchNorm()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    w = watch(model, formats=("fp16", "bf16"), shadow_every=1)
+    w.attach()
+    if replay_reference:
+        w.shadow._real_matches = False
+    for _ in range(7):
+        optimizer.zero_grad()
+        for _ in range(accumulate):
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            (loss + decay * sum(p.square().sum() for p in model.parameters())).backward()
+        optimizer.step()
+    w.close()
+    return w.shadow.record.to_dict()["layers"], w.shadow._real_matches
+
+
+@pytest.mark.parametrize("case", [{}, {"decay": 1e-2}, {"accumulate": 2}], ids=["plain", "regularised", "accumulated"])
+def test_the_real_gradients_stand_in_for_the_reference_only_where_they_equal_it(case):
+    measured, matched = _shadow_record(False, **case)
+    oracle, _ = _shadow_record(True, **case)
+    assert bool(matched) is (not case)   # a loss term on the weights, or a second backward: replayed
+    assert measured.keys() == oracle.keys()
+    for layer, entry in oracle.items():
+        for fmt, by_scale in entry["formats"].items():
+            for scale, m in by_scale.items():
+                got = measured[layer]["formats"][fmt][scale]
+                assert got["grad_rel_error"] == pytest.approx(m["grad_rel_error"], rel=1e-5, abs=1e-9), (layer, fmt)
+
+
 # ------------------------------------------------------- against reality
 def test_harmless_underflow_is_ok_whatever_the_counts_say():
     report = observe("harmless")
