@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 from fpsim import _arrays, _native, exact, philox
 from fpsim.formats import Format, format as get_format
-from fpsim.rounding import quantize, round_bits
+from fpsim._engine import round_bits
+from fpsim.rounding import quantize
 
 from foundation_helpers import (assert_same_bits, as_float64, custom_formats, format_inputs, preset_formats,
                                 random_inputs, reference_fraction, reference_word, requires_torch, torch)
