@@ -16,6 +16,9 @@ import numpy as np
 from .. import plots
 from .histogram import E_LO, N_BINS
 
+MAX_FIGURE_ROWS = 64
+"""Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
+
 _KIND_TITLES = {"activation": "Activations (module outputs)", "activation_grad": "Activation gradients",
                 "weight": "Weights", "weight_grad": "Weight gradients (as backward produced them)",
                 "optimizer_grad": "Weight gradients as the optimizer used them", "update": "Optimizer updates"}
@@ -45,8 +48,6 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     row shows its range seen from the unscaled gradients at the recommended
     loss scale 2^r (the band moved left by r).
     """
-    from .report import MAX_FIGURE_ROWS
-
     layers = [layer for layer in report.layers if kind in layer.tensors and layer.tensors[kind].nonzero]
     shown_all = len(layers)
     layers = _most_affected(report, layers, kind, MAX_FIGURE_ROWS)
@@ -82,8 +83,6 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
 
 def loss_scale_windows(report, formats=None):
     """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice."""
-    from .report import MAX_FIGURE_ROWS
-
     limits = [lim for lim in report.limits
               if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
     layers = [layer for layer in report.layers if any(k in layer.tensors for k in ("activation_grad", "weight_grad"))]
