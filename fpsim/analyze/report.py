@@ -24,12 +24,11 @@ from .effect import Mass, tensor_effects
 from .gradscaler import simulate_gradscaler
 from .histogram import Log2Histogram
 from .limits import inf_overflow_threshold
-from .store import NO_STEP
+from .store import KINDS, NO_STEP
 from .verdicts import (GRADIENT_KINDS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
                        loss_scaled_verdict, per_tensor_verdict)
 
 SCHEMA = "fpsim.analyze.report/2"
-KIND_ORDER = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
 SEVERITY = {"ok": 0, "loss_scale": 1, "fp32": 2}
 FIGURE_KINDS = ("activation", "activation_grad", "weight_grad")
 """The heatmaps a report draws (the other kinds are in report.json and in fpsim.analyze.figures)."""
@@ -123,7 +122,7 @@ class Report:
     def _entry(self, layer) -> dict:
         lo, hi = self.settings.scale_range
         tensors = {}
-        for kind, t in sorted(layer.tensors.items(), key=lambda kv: KIND_ORDER.index(kv[0])):
+        for kind, t in sorted(layer.tensors.items(), key=lambda kv: KINDS.index(kv[0])):
             by_scale = kind in GRADIENT_KINDS and not layer.is_op      # effects at every loss scale: modules' only
             effect_by_scale = {"log2_scales": [lo, hi]}
             entry = {
