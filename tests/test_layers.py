@@ -197,3 +197,12 @@ def test_private_names_stay_in_their_module():
                      if isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
                      and node.value.id in modules]
     assert crossing == []
+
+
+def test_only_the_figure_layer_imports_matplotlib():
+    """DESIGN.md: figures are drawn in one layer (fpsim.plots); the report picks their numbers
+    (fpsim.analyze.figures) and hands them over, matplotlib unseen."""
+    users = sorted({module_name(p) for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                    if (isinstance(node, ast.Import) and any(a.name.partition(".")[0] == "matplotlib" for a in node.names))
+                    or (isinstance(node, ast.ImportFrom) and (node.module or "").partition(".")[0] == "matplotlib")})
+    assert users and [m for m in users if not within(m, ("fpsim.plots",))] == []
