@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import plots
 from .histogram import E_LO, N_BINS
+from .store import GRADIENT_KINDS
 
 MAX_FIGURE_ROWS = 64
 """Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
@@ -57,7 +58,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         bands.append((lim.name, lim.name, lim.zero_exponent, lim.emin, lim.emax + 1))
         edges += [(lim.zero_exponent, lim.name), (lim.emax + 1, lim.name)]
         ls = report.loss_scale.get(lim.name)
-        if (kind in ("activation_grad", "weight_grad") and not lim.per_tensor_scaled and ls is not None
+        if (kind in GRADIENT_KINDS and not lim.per_tensor_scaled and ls is not None
                 and ls.recommended_log2):
             r = ls.recommended_log2
             bands.append((f"{lim.name} ×2^{r}", lim.name, lim.zero_exponent - r, lim.emin - r, lim.emax + 1 - r))
@@ -85,7 +86,7 @@ def loss_scale_windows(report, formats=None):
     """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice."""
     limits = [lim for lim in report.limits
               if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
-    layers = [layer for layer in report.layers if any(k in layer.tensors for k in ("activation_grad", "weight_grad"))]
+    layers = [layer for layer in report.layers if any(k in layer.tensors for k in GRADIENT_KINDS)]
     if len(layers) > MAX_FIGURE_ROWS:   # the ones no shared scale serves first, then in report order
         unserved = set(n for ls in report.loss_scale.values() for n in ls.unserved)
         layers = sorted(layers, key=lambda layer: layer.name not in unserved)[:MAX_FIGURE_ROWS]

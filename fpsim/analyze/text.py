@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from .store import GRADIENT_KINDS
+
 
 def scale_text(log2: int | None) -> str:
     """2^k written out: '2^12 (4096)', '1', 'none'."""
@@ -69,7 +71,7 @@ def _larger_share(shares) -> str:
 
 
 def _worst_underflow(layer, lim) -> str:
-    grads = [t for k, t in layer.tensors.items() if k in ("activation_grad", "weight_grad") and t.nonzero]
+    grads = [t for k, t in layer.tensors.items() if k in GRADIENT_KINDS and t.nonzero]
     if lim is None or not grads:
         return ""
     return f"{max(t.underflow_fraction(lim, 0) for t in grads) * 100:.3g}% ({lim.name})"
