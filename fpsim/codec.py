@@ -5,7 +5,8 @@ exponent field and mantissa field into unsigned integers (uint8 up to 8 bits,
 uint16 up to 16, then uint32, uint64). decode is the exact inverse on every
 code: NaN codes give a quiet NaN (its sign as the code says), and codes that
 are not canonical (the exponent-0 codes of a format without subnormals)
-decode to zero.
+decode to zero. The fields themselves are built and read in `_packing`;
+this module checks the input and takes the kernel's fast path where it applies.
 """
 
 from __future__ import annotations
