@@ -53,11 +53,11 @@ import numpy as np  # noqa: E402
 
 import fpsim  # noqa: E402
 from fpsim import _native  # noqa: E402
+from fpsim.formats import PRESETS  # noqa: E402
+from fpsim.modes import DETERMINISTIC_MODES as DETERMINISTIC, ROUNDING_MODES as MODES  # noqa: E402
 
-MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd", "stochastic")
-DETERMINISTIC = MODES[:-1]
 FORMATS = ("bf16", "fp16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0")
-SMALL_FORMATS = ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0")  # 8, 6 and 4 bits
+SMALL_FORMATS = tuple(name for name in FORMATS if PRESETS[name].bits <= 8)  # 8, 6 and 4 bits
 FLOAT64_FORMATS = ("bf16", "fp16", "tf32", "fp32", "e4m3", "e5m2", "e2m1")
 
 GFLOAT_FORMATS = {"bf16": "format_info_bfloat16", "fp16": "format_info_binary16", "e4m3": "format_info_ocp_e4m3",

@@ -1,6 +1,6 @@
 """The rounding engine compiled by torch.compile: `fpsim.quantize(t, fmt, compile=True)`.
 
-The same engine (`rounding.round_bits`) that runs eagerly on torch tensors, traced
+The same engine (`_engine.round_bits`) that runs eagerly on torch tensors, traced
 once per format and options into one graph and compiled by TorchInductor: one
 fused kernel instead of some fifty elementwise ones, a Triton kernel on a GPU
 (C++ on the CPU, where the built-in C kernel is faster still). It is the same
@@ -15,6 +15,7 @@ import functools
 import types
 
 from . import _arrays
+from ._engine import round_bits as engine_round_bits
 from .formats import Format
 
 
@@ -31,7 +32,7 @@ def check(array, rounding: str) -> None:
 
 
 def round_bits(w, fmt: Format, engine_options: dict):
-    """`rounding.round_bits(w, fmt, ...)` through its compiled graph (cached per format and options;
+    """`_engine.round_bits(w, fmt, ...)` through its compiled graph (cached per format and options;
     torch.compile recompiles for a new dtype or device, and once more, with a dynamic length, for a
     second length: the graph sees w flat)."""
     return _engine(fmt, tuple(sorted(engine_options.items())))(w.reshape(-1)).reshape(w.shape)
@@ -39,15 +40,13 @@ def round_bits(w, fmt: Format, engine_options: dict):
 
 @functools.lru_cache(maxsize=128)
 def _engine(fmt: Format, options: tuple):
-    from .rounding import round_bits
-
     kwargs = dict(options)
     for name, attribute in vars(type(fmt)).items():  # computed here: Dynamo cannot enter their lock
         if isinstance(attribute, functools.cached_property):
             getattr(fmt, name)
 
     def engine(w):
-        return round_bits(w, fmt, _arrays.Ops(w), **kwargs)
+        return engine_round_bits(w, fmt, _arrays.Ops(w), **kwargs)
 
     # A code object of its own: Dynamo keeps its compiled graphs per code object (a few each), and
     # with one shared by every format it would take the formats' constants for changing inputs.

@@ -18,6 +18,9 @@ import struct
 
 import numpy as np
 
+from . import _arrays
+from ._engine import round_bits
+from ._packing import code_dtype, pack
 from .formats import PRESETS, Format
 from .modes import MODES
 
@@ -114,10 +117,6 @@ class _ZeroWords:
 def _edge_answers(fmt: Format, options: tuple, width: int, codes: bool) -> tuple:
     """The engine's outputs for _EDGE_INPUTS in the working float, as the kernel's integers (0 where
     the engine refuses the input: the caller has checked that the data holds none)."""
-    from . import _arrays
-    from .codec import _pack
-    from .rounding import round_bits
-
     P, _, float_type, bits_type = _LAYOUT[width]
     big = float(np.finfo(float_type).max)
     values = {"max": big, "-max": -big, "inf": np.inf, "-inf": -np.inf, "nan": np.nan, "-nan": -np.nan,
@@ -129,7 +128,7 @@ def _edge_answers(fmt: Format, options: tuple, width: int, codes: bool) -> tuple
         ops = _arrays.Ops(x)
         try:
             rounded = round_bits(x, fmt, ops, stream=_ZeroWords(), **engine_options)
-            out = _pack(rounded, fmt, ops) if codes else rounded.view(bits_type)
+            out = pack(rounded, fmt, ops) if codes else rounded.view(bits_type)
             answers.append(int(out[0]) & ((1 << 64) - 1))
         except ValueError:
             answers.append(0)
@@ -178,8 +177,6 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
         codes: bool = False, values_dtype=None) -> np.ndarray:
     """Round `array` with the kernel (route() must apply): codes when `codes`, else values of
     `values_dtype` (float32 or float64, default float64). `key`: stochastic's Philox key."""
-    from .codec import code_dtype
-
     width, input_kind = route(array.dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None)
     src = np.ascontiguousarray(array)  # C order: the element index of the stream is the flat index
     if codes:
@@ -210,8 +207,6 @@ def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format,
     must apply). array: float32, its flat C order in whole blocks of `block` elements; divisors: one
     positive finite float64 per block, a power of two or of at most 28 significant bits. rescale:
     values times their divisor again (the dequantised values; values_dtype must hold them)."""
-    from .codec import code_dtype
-
     src = np.ascontiguousarray(array, dtype=np.float32)
     scales = np.ascontiguousarray(divisors, dtype=np.float64)
     out_dtype = code_dtype(fmt) if codes else np.dtype(values_dtype or np.float64)

@@ -42,7 +42,7 @@ class RoundingOptions:
     grad: str = "identity"
 
     def engine(self) -> dict:
-        """The keyword arguments of the rounding engine (`rounding.round_bits`)."""
+        """The keyword arguments of the rounding engine (`_engine.round_bits`)."""
         return dict(rounding=self.rounding, saturate=self.saturate, rand_bits=self.rand_bits,
                     flush_inputs=self.flush_inputs, flush_outputs=self.flush_outputs)
 

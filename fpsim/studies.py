@@ -35,8 +35,6 @@ class StudyUnavailable(RuntimeError):
 
 def studies_dir() -> Path:
     """The folder holding the study scripts: the installed package fpsim.study_scripts."""
-    import importlib.util
-
     spec = importlib.util.find_spec("fpsim.study_scripts")
     if spec is None or not spec.submodule_search_locations:
         raise StudyUnavailable("the study scripts (fpsim.study_scripts) are not installed with this fpsim")
@@ -148,7 +146,7 @@ class StudyReport:
                 f"**Claim tested.** {self.claim.strip()}\n"]
         if self.finding:
             head.append(f"**Finding.** {self.finding.strip()}\n")
-        tail = [f"## Regenerate\n",
+        tail = ["## Regenerate\n",
                 f"```\nfpsim study {self.name}            # or: python studies/{self.name}.py\n"
                 f"fpsim study {self.name} --fast     # the quick version the test suite runs\n```\n"]
         return "\n".join(head + self._body + tail)

@@ -15,7 +15,6 @@ loss-scale sweep (studies/loss_scale_sweep.py).
 
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np

@@ -1,6 +1,6 @@
 """The compiled fast path (fpsim/_fastround.c via fpsim._native) against the numpy engine and the oracle.
 
-The kernel claims to give the numpy engine's bits (round_bits for values, codec._pack for codes)
+The kernel claims to give the numpy engine's bits (round_bits for values, _packing.pack for codes)
 on every float32, float64 and integer input it covers, stochastic rounding included (both read the
 same Philox stream, fpsim/philox.py). Both are compared here bit for bit on inputs covering every
 bit-pattern class of float32 and float64 (random patterns, every exponent field with edge
@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fpsim import _arrays, _native, exact, philox
-from fpsim.codec import _pack, code_dtype, encode
+from fpsim._packing import pack
+from fpsim.codec import code_dtype, encode
 from fpsim.formats import PRESETS, Format
 from fpsim.rounding import _quantize_engine, quantize, round_bits
 
@@ -101,7 +102,7 @@ def _engine(x, fmt: Format, codes: bool, key=KEY, **options):
         values = _quantize_engine(x, None, PRESETS["fp64"], fmt, ops, options, key if stochastic else None)
     else:
         values = round_bits(x, fmt, ops, stream=philox.Stream(key) if stochastic else None, **options)
-    return _pack(values, fmt, ops).astype(code_dtype(fmt)) if codes else values
+    return pack(values, fmt, ops).astype(code_dtype(fmt)) if codes else values
 
 
 def _kernel(x, fmt: Format, codes: bool, key=KEY, **options):

@@ -28,15 +28,15 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fpsim import _arrays, _native, exact, philox
+from fpsim._engine import round_bits
 from fpsim.formats import Format, format as get_format
-from fpsim.rounding import quantize, round_bits
+from fpsim.rounding import quantize
 
-from foundation_helpers import (assert_same_bits, as_float64, custom_formats, format_inputs, preset_formats,
-                                random_inputs, reference_fraction, reference_word, requires_torch, torch)
+from foundation_helpers import (assert_same_bits, as_float64, format_inputs, random_inputs, reference_fraction,
+                                requires_torch, torch)
 
 ALPHA_TOTAL = 1e-6
 N_CHECKS = 200  # upper bound on the number of binomial checks made in this file

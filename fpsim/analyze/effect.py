@@ -36,7 +36,6 @@ estimating them from the histogram.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 

@@ -15,6 +15,10 @@ import numpy as np
 
 from .. import plots
 from .histogram import E_LO, N_BINS
+from .store import GRADIENT_KINDS
+
+MAX_FIGURE_ROWS = 64
+"""Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
 
 _KIND_TITLES = {"activation": "Activations (module outputs)", "activation_grad": "Activation gradients",
                 "weight": "Weights", "weight_grad": "Weight gradients (as backward produced them)",
@@ -45,8 +49,6 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     row shows its range seen from the unscaled gradients at the recommended
     loss scale 2^r (the band moved left by r).
     """
-    from .report import MAX_FIGURE_ROWS
-
     layers = [layer for layer in report.layers if kind in layer.tensors and layer.tensors[kind].nonzero]
     shown_all = len(layers)
     layers = _most_affected(report, layers, kind, MAX_FIGURE_ROWS)
@@ -56,7 +58,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
         bands.append((lim.name, lim.name, lim.zero_exponent, lim.emin, lim.emax + 1))
         edges += [(lim.zero_exponent, lim.name), (lim.emax + 1, lim.name)]
         ls = report.loss_scale.get(lim.name)
-        if (kind in ("activation_grad", "weight_grad") and not lim.per_tensor_scaled and ls is not None
+        if (kind in GRADIENT_KINDS and not lim.per_tensor_scaled and ls is not None
                 and ls.recommended_log2):
             r = ls.recommended_log2
             bands.append((f"{lim.name} ×2^{r}", lim.name, lim.zero_exponent - r, lim.emin - r, lim.emax + 1 - r))
@@ -82,11 +84,9 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
 
 def loss_scale_windows(report, formats=None):
     """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice."""
-    from .report import MAX_FIGURE_ROWS
-
     limits = [lim for lim in report.limits
               if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
-    layers = [layer for layer in report.layers if any(k in layer.tensors for k in ("activation_grad", "weight_grad"))]
+    layers = [layer for layer in report.layers if any(k in layer.tensors for k in GRADIENT_KINDS)]
     if len(layers) > MAX_FIGURE_ROWS:   # the ones no shared scale serves first, then in report order
         unserved = set(n for ls in report.loss_scale.values() for n in ls.unserved)
         layers = sorted(layers, key=lambda layer: layer.name not in unserved)[:MAX_FIGURE_ROWS]

@@ -38,10 +38,8 @@ from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
 from .signals import Terminated, deferred_signals
-from .store import Store
+from .store import KINDS, Store  # (KINDS: the tensor kinds a watch can record)
 
-KINDS = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
-"""The tensor kinds a watch can record."""
 DEFAULT_FORMATS = ("fp16", "bf16", "e4m3", "e5m2")
 MODULE_PRESETS = ("params", "leaves", "all")
 """modules=: "params" (the default, also None): the modules holding parameters of their own; "leaves":

@@ -11,6 +11,7 @@ those rules, `FormatLimits` asks `fpsim.quantize` what the tie values become.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from fractions import Fraction
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..formats import Format, format as get_format
 from ..rounding import quantize
+from .verdicts import INTENDED_INF_OPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,3 +123,18 @@ def resolve_formats(formats) -> list[FormatLimits]:
         seen.add(lim.name)
         limits.append(lim)
     return limits
+
+
+def inf_overflow_threshold(name: str, dtypes: dict) -> float | None:
+    """The lowest overflow threshold of the low-precision dtypes a record's values were produced in (an Inf
+    among them is an overflow there), None when none was, or when the op puts Inf on purpose."""
+    if name.rpartition(":")[2] in INTENDED_INF_OPS:
+        return None
+    low = [threshold for dtype, threshold in _low_precision_thresholds().items() if dtype in dtypes]
+    return min(low) if low else None
+
+
+@functools.lru_cache(maxsize=1)
+def _low_precision_thresholds() -> dict:
+    return {"float16": FormatLimits.of("fp16").overflow_threshold,
+            "bfloat16": FormatLimits.of("bf16").overflow_threshold}

@@ -41,15 +41,9 @@ def read_report_json(path) -> dict:
     return data
 
 
-def load_report(path):
-    """`Report.load`: the Report saved at `path` (a report folder or its report.json)."""
-    return report_from_dict(read_report_json(path))
-
-
-def report_from_dict(data: dict):
-    """A Report from the dict report.json holds (see docs/analyzer.md for the schema)."""
-    from .report import Report
-
+def report_fields(data: dict) -> tuple:
+    """The fields of `Report` (in order) from the dict report.json holds (see docs/analyzer.md for the
+    schema): `Report.load` builds the report from them."""
     limits = [_limits(entry) for entry in data["formats"]]
     settings = Settings(float(data["settings"]["underflow_threshold"]), int(data["settings"]["fp8_margin"]),
                         tuple(int(v) for v in data["settings"]["scale_range_log2"]))
@@ -75,8 +69,8 @@ def report_from_dict(data: dict):
     gradscaler = {name: _gradscaler(name, d) for name, d in data["gradscaler"].items()}
     findings = [layer for layer in layers if layer.is_op]
     shadow, counted, shadow_evidence = _shadow(data, modules)
-    return Report(limits, settings, dict(data["run"]), layers, verdicts, loss_scale, gradscaler,
-                  data["fp8_recipe"], 0, ops, findings, shadow, counted, shadow_evidence, data.get("recipes"))
+    return (limits, settings, dict(data["run"]), layers, verdicts, loss_scale, gradscaler,
+            data["fp8_recipe"], 0, ops, findings, shadow, counted, shadow_evidence, data.get("recipes"))
 
 
 def _shadow(data: dict, modules: list):
@@ -123,7 +117,7 @@ def _limits(entry: dict):
 
 
 def _layer(entry: dict, limits) -> Layer:
-    from .report import inf_overflow_threshold
+    from .limits import inf_overflow_threshold
 
     tensors = {}
     for kind, t in entry["tensors"].items():

@@ -13,7 +13,6 @@ names its version.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import io
 import json
@@ -24,17 +23,15 @@ import tempfile
 from .effect import Mass, tensor_effects
 from .gradscaler import simulate_gradscaler
 from .histogram import Log2Histogram
-from .store import NO_STEP
-from .verdicts import (GRADIENT_KINDS, INTENDED_INF_OPS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
+from .limits import inf_overflow_threshold
+from .store import KINDS, NO_STEP
+from .verdicts import (GRADIENT_KINDS, Layer, Settings, TensorStats, choose_loss_scale, fp8_recipe,
                        loss_scaled_verdict, per_tensor_verdict)
 
 SCHEMA = "fpsim.analyze.report/2"
-KIND_ORDER = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
 SEVERITY = {"ok": 0, "loss_scale": 1, "fp32": 2}
 FIGURE_KINDS = ("activation", "activation_grad", "weight_grad")
 """The heatmaps a report draws (the other kinds are in report.json and in fpsim.analyze.figures)."""
-MAX_FIGURE_ROWS = 64
-"""Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
 
 
 @dataclasses.dataclass
@@ -60,9 +57,9 @@ class Report:
     @classmethod
     def load(cls, path) -> "Report":
         """The report saved at `path` (its folder or its report.json), to render, save or compare again."""
-        from .load import load_report
+        from .load import read_report_json, report_fields
 
-        return load_report(path)
+        return cls(*report_fields(read_report_json(path)))
 
     @property
     def formats(self) -> list:
@@ -125,7 +122,7 @@ class Report:
     def _entry(self, layer) -> dict:
         lo, hi = self.settings.scale_range
         tensors = {}
-        for kind, t in sorted(layer.tensors.items(), key=lambda kv: KIND_ORDER.index(kv[0])):
+        for kind, t in sorted(layer.tensors.items(), key=lambda kv: KINDS.index(kv[0])):
             by_scale = kind in GRADIENT_KINDS and not layer.is_op      # effects at every loss scale: modules' only
             effect_by_scale = {"log2_scales": [lo, hi]}
             entry = {
@@ -260,7 +257,7 @@ class Report:
 
     def recipe_table(self) -> str:
         """The scaling-recipe table alone (one row per layer, a column per tensor kind; '' without recipes_every)."""
-        from .recipe_choice import recipe_lines
+        from .text import recipe_lines
 
         return "\n".join(recipe_lines(self.recipes)).strip("\n")
 
@@ -518,23 +515,6 @@ def run_metadata(types: dict) -> dict:
             "script": sys.argv[0] if sys.argv and sys.argv[0] else None,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "torch_version": getattr(torch, "__version__", None), "python_version": platform.python_version()}
-
-
-def inf_overflow_threshold(name: str, dtypes: dict) -> float | None:
-    """The lowest overflow threshold of the low-precision dtypes a record's values were produced in (an Inf
-    among them is an overflow there), None when none was, or when the op puts Inf on purpose."""
-    if name.rpartition(":")[2] in INTENDED_INF_OPS:
-        return None
-    low = [threshold for dtype, threshold in _low_precision_thresholds().items() if dtype in dtypes]
-    return min(low) if low else None
-
-
-@functools.lru_cache(maxsize=1)
-def _low_precision_thresholds() -> dict:
-    from .limits import FormatLimits
-
-    return {"float16": FormatLimits.of("fp16").overflow_threshold,
-            "bfloat16": FormatLimits.of("bf16").overflow_threshold}
 
 
 def _worse_than_module(op, verdicts: dict, limits) -> bool:

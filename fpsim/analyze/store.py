@@ -22,11 +22,19 @@ import math
 
 import numpy as np
 
-from .histogram import MASS_SIZE, RAW_SIZE, _fasthist, dense_counts
+from .histogram import MASS_SIZE, RAW_SIZE, dense_counts
+
+try:
+    from .. import _fasthist
+except ImportError:  # built without a compiler: torch operations count everything (histogram.py)
+    _fasthist = None
 
 NO_STEP = 2**62
 """first_nonfinite value of a record that never saw Inf or NaN."""
+KINDS = ("activation", "activation_grad", "weight", "weight_grad", "optimizer_grad", "update")
+"""The kinds of tensor a record holds, in the order reports list them."""
 GRADIENT_KINDS = ("activation_grad", "weight_grad")
+"""The gradients a loss scale multiplies, as backward produced them (optimizer_grad is for reference only)."""
 MAX_PENDING = 512
 
 

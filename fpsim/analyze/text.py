@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from .store import GRADIENT_KINDS
+
 
 def scale_text(log2: int | None) -> str:
     """2^k written out: '2^12 (4096)', '1', 'none'."""
@@ -69,7 +71,7 @@ def _larger_share(shares) -> str:
 
 
 def _worst_underflow(layer, lim) -> str:
-    grads = [t for k, t in layer.tensors.items() if k in ("activation_grad", "weight_grad") and t.nonzero]
+    grads = [t for k, t in layer.tensors.items() if k in GRADIENT_KINDS and t.nonzero]
     if lim is None or not grads:
         return ""
     return f"{max(t.underflow_fraction(lim, 0) for t in grads) * 100:.3g}% ({lim.name})"
@@ -104,8 +106,6 @@ def summary_table(report) -> str:
         reasons = _finding_reasons(report, formats)
         lines.extend(f"  {text}" for text in reasons[:6])
     lines.extend(shadow_lines(report))
-    from .recipe_choice import recipe_lines
-
     lines.extend(recipe_lines(report.recipes))
     lines.append("")
     lines.append("loss scale (one global scale for the gradients; FP8 rows are for reference, their verdicts "
@@ -207,4 +207,51 @@ def precision_lines(precision: dict) -> list:
             if s.get("last_scale_log2") is not None else "unknown"
         lines.append(f"{s['name']} (the run's own): {s['steps']} steps, {s['skipped_steps']} skipped, scale "
                      f"{shown}; gradients were divided by it before counting, so verdicts are those of FP32")
+    return lines
+
+
+def _percent(x) -> str:
+    return "" if x is None else f"{x * 100:.2g}%"
+
+
+def _largest_error(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def recipe_lines(section: dict | None) -> list:
+    """The summary's recipe table: one row per layer (repeated blocks that agree merged), a column per kind."""
+    from .recipe_choice import FP8_ORDER, measured_kinds, table_rows  # (its probes need torch)
+
+    if not section or not section["layers"]:
+        return []
+    kinds = measured_kinds(section)
+    n = len(kinds)
+    rows = grouped(table_rows(section), tail=n, merge=_largest_error)
+    shown = []
+    for row in rows:
+        choices, narrowest, errors = row[2:2 + n], row[2 + n], row[3 + n:]
+        shown.append([row[0], row[1], *(f"{c} {_percent(e)}".rstrip() for c, e in zip(choices, errors)), narrowest])
+    limits = [layer["threshold"] for layer in section["layers"]]
+    floors = any(layer["threshold_source"].startswith("noise floor") for layer in section["layers"])
+    limit = f"{min(limits):.3g}" if min(limits) == max(limits) else f"{min(limits):.3g}..{max(limits):.3g}"
+    lines = ["", f"scaling recipes measured on {len(section['steps'])} sampled steps (every {section['every']}): "
+                 f"per layer and tensor kind, the cheapest FP8 recipe whose error ||q(x)-x||/||x|| stays under the "
+                 f"layer's threshold ({limit}: "
+                 + ("its shadow-step noise floor where measured, else " + f"{section['fallback_threshold']:g}"
+                    if floors else "fixed, no noise floor measured")
+                 + "), and that error; fp6/fp4: the narrowest MX/NV format serving every kind",
+             "  order: " + " < ".join(FP8_ORDER)]
+    lines.extend("  " + line for line in aligned_table(["layer", "type", *kinds, "fp6/fp4"], shown))
+    summary = section["summary"]
+    for kind, entry in summary["by_kind"].items():
+        forced = entry["forced_by"]
+        text = f"  {kind:<16} {entry['recipe'] or 'none (keep bf16/fp32)'}"
+        if forced:
+            text += f", forced by {', '.join(forced[:4])}{' ...' if len(forced) > 4 else ''}"
+        text += f"; narrowest serving all: {entry['narrowest'] or 'none'}"
+        lines.append(text)
+    lines.append(f"  the cheapest FP8 recipe serving the whole model: {summary['model'] or 'none'}")
+    if section.get("error"):
+        lines.append(f"  note: the recipe measurements stopped early: {section['error']}")
     return lines

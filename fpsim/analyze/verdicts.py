@@ -17,10 +17,9 @@ import dataclasses
 import math
 
 from .histogram import Log2Histogram
+from .store import GRADIENT_KINDS
 
 FORWARD_KINDS = ("activation", "weight")
-GRADIENT_KINDS = ("activation_grad", "weight_grad")
-"""The gradients a loss scale multiplies, as backward produced them (optimizer_grad is for reference only)."""
 VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""

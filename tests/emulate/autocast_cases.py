@@ -136,7 +136,6 @@ SPECIAL = {
     "linalg_householder_product": lambda f: (f((4, 4)), f((4,))),
     "lu_solve": lambda f: (f((4, 4)), f((4, 4)), torch.arange(1, 5, dtype=torch.int32)),
     "triangular_solve": lambda f: (f((4, 4)), f((4, 4)) + 4 * torch.eye(4)),
-    "linalg_tensorinv": lambda f: (f((4, 4)) + 4 * torch.eye(4),),
     "linalg_tensorsolve": lambda f: (f((4, 4)) + 4 * torch.eye(4), f((4,))),
     "linalg_lstsq": lambda f: (f((4, 4)), f((4, 2))),
     "linalg_solve": lambda f: (f((4, 4)) + 4 * torch.eye(4), f((4, 2))),

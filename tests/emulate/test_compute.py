@@ -12,8 +12,6 @@ tests/tensorcore, is the reference for the tensor-core GEMM path.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import fpsim
-from emulate_helpers import TINY, emulated, gpt, train, twin
+from emulate_helpers import TINY, emulated, gpt, twin
 from fpsim.analyze.gpt import token_batches
 from fpsim.emulate import BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe, PerChannelScaling
 from fpsim.emulate.fp8 import FP8Layer, FP8Linear, TensorScale, fp32_gemm

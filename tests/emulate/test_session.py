@@ -12,8 +12,6 @@ the per-step differences stay within what GEMM summation order explains.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

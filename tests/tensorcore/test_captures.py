@@ -8,7 +8,6 @@ ml_dtypes casts (IEEE conversions, NaN payloads included).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
