@@ -164,6 +164,14 @@ def shadow_lines(report) -> list:
                  f"{', '.join(shadow['formats'])}): a layer needs loss scaling or FP32 only when its gradient error "
                  f"exceeds {rule['margin']:g} x its noise floor (kept within {rule['min_tolerated_error']:g}.."
                  f"{rule['max_tolerated_error']:g}); value-count verdicts: report.json"]
+    cleared = {}
+    for op in report.ops:
+        for lim in report.limits:
+            if "not borne out" in report.verdicts[op.name][lim.name].reason:
+                cleared.setdefault(lim.name, []).append(op.name)
+    for fmt, names in cleared.items():
+        lines.append(f"  {fmt}: {len(names)} ops the value counts judged fp32 or loss_scale, such as {names[0]}, "
+                     f"are ok: not borne out by the replay (no overflow, no layer standing out)")
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]
