@@ -1,0 +1,295 @@
+/* Compiled fast path of MX block quantisation (fpsim/block_codec.py): float32 blocks into an
+ * E8M0-scaled float element format, in one pass over the input.
+ *
+ * For each block of `block` consecutive float32 elements, while the block is in cache:
+ *
+ *   1. amax   the largest magnitude, on the bits (NaN above Inf above the finite values);
+ *   2. scale  the scale rule's exponent s from the amax's bits (fpsim/blocks.py SCALE_RULES:
+ *             floor, ceil, even, rceil), clamped to E8M0's 2^-127 .. 2^127, written as its E8M0
+ *             code; a block with NaN or Inf, or whose scale overflows under a NaN-on-overflow rule,
+ *             gets the NaN code and its elements the NaN fill;
+ *   3. round  each element x / 2^s rounded once into the element format with saturation, in a
+ *             deterministic mode. The division by 2^s is an exponent offset: the element's grid
+ *             is found from x's exponent minus s and x's significand is rounded where that grid
+ *             cuts it, all in integers, so that no quotient is formed and nothing leaves float32's
+ *             range. The output is the element's code, or its dequantised value n * 2^(q + s) (n
+ *             quanta of the element's grid 2^q) in float32 or float64.
+ *
+ * It covers (fpsim/_native_blocks.py covers) signed element formats with subnormals, a negative
+ * zero, 1 to 22 mantissa bits and a finest spacing 2^quantum_exp with quantum_exp >= -21: the
+ * element grid scaled by E8M0's smallest scale, 2^(quantum_exp - 127), is then at least twice
+ * float32's 2^-149, so that every element drops at least one bit of x's significand. That is OCP
+ * FP8, FP6 and FP4. tests/test_blocks.py checks it against fpsim/exact_blocks.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The rounding modes, in the order of their kernel ids in fpsim/modes.py (tests/test_blocks.py reads this list). */
+#define FOR_EACH_MODE(X) X(NEAREST_EVEN) X(NEAREST_AWAY) X(TOWARD_ZERO) X(UP) X(DOWN) X(ODD) X(STOCHASTIC)
+#define MODE_ENUM(MODE) MODE,
+enum { FOR_EACH_MODE(MODE_ENUM) MODE_COUNT };
+/* The scale rules and outputs, in the order of fpsim/_native_blocks.py's RULES and OUTPUTS. */
+enum { RULE_FLOOR, RULE_CEIL, RULE_EVEN, RULE_RCEIL, RULE_COUNT };
+enum { OUT_CODES8, OUT_CODES16, OUT_F32, OUT_F64, OUT_COUNT };
+
+#define E8M0_LO (-127) /* E8M0's exponents; its code is exponent + 127, 0xFF is NaN */
+#define E8M0_HI 127
+#define E8M0_NAN 0xFFu
+#define PIECE 64 /* elements rounded at a time */
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline)) /* so that the loops specialise and vectorise */
+#else
+#define ALWAYS_INLINE inline
+#endif
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default"))) /* the loader picks one */
+#else
+#define MULTIVERSION
+#endif
+
+typedef struct {
+    int rule;             /* RULE_* */
+    int man_bits;         /* the element format: M, */
+    int emin;             /* its smallest normal exponent, */
+    int bias;             /* its exponent bias, */
+    int emax;             /* its largest exponent (the MX spec's emax_elem), */
+    int top_exp;          /* max = max_significand * 2^top_exp, */
+    uint32_t max_significand;
+    int sign_shift;       /* a code's sign bit is 1 << sign_shift */
+    float element_max;    /* max as a float32 (rceil divides by it) */
+    uint32_t nan_code;    /* the element code of a NaN block's elements */
+} mx_t;
+
+static ALWAYS_INLINE uint32_t float_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+static ALWAYS_INLINE float bits_float(uint32_t b) {
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* floor(log2 a) and the significand normalised to 24 bits (2^23 <= sig < 2^24) of finite magnitude bits a > 0. */
+static ALWAYS_INLINE int log2_parts(uint32_t a, uint32_t *sig) {
+    const uint32_t field = a >> 23;
+    if (field) {
+        *sig = (a & 0x7fffffu) | 0x800000u;
+        return (int)field - 127;
+    }
+    const int p = 31 - __builtin_clz(a); /* a float32 subnormal: a * 2^-149 */
+    *sig = a << (23 - p);
+    return p - 149;
+}
+
+/* Step 2: the block scale's exponent for the amax's bits, or E8M0_HI + 1 for a NaN scale. */
+static ALWAYS_INLINE int scale_exponent(const mx_t *k, uint32_t amax) {
+    if (amax >= 0x7f800000u) return E8M0_HI + 1; /* NaN or Inf in the block */
+    if (amax == 0) return E8M0_LO;                /* every rule: the smallest scale */
+    uint32_t sig;
+    int e;
+    switch (k->rule) {
+    case RULE_FLOOR: /* 2^(floor(log2 amax) - emax_elem) */
+        e = log2_parts(amax, &sig) - k->emax;
+        break;
+    case RULE_CEIL: /* 2^(ceil(log2 amax) - emax_elem) */
+        e = log2_parts(amax, &sig);
+        e += (sig != 0x800000u) - k->emax;
+        break;
+    case RULE_EVEN: /* amax rounded half up to man_bits + 1 significant bits carries into the next binade */
+        e = log2_parts(amax, &sig);
+        e += (sig >= (UINT32_C(1) << 24) - (UINT32_C(1) << (22 - k->man_bits))) - k->emax;
+        break;
+    default: { /* rceil: 2^ceil(log2(fl32(amax / max_elem))), saturating at E8M0's ends */
+        const uint32_t descale = float_bits(bits_float(amax) / k->element_max);
+        if (descale == 0) return E8M0_LO;
+        e = log2_parts(descale, &sig);
+        e += sig != 0x800000u;
+        return e < E8M0_LO ? E8M0_LO : e > E8M0_HI ? E8M0_HI : e;
+    }
+    }
+    return e < E8M0_LO ? E8M0_LO : e; /* above E8M0_HI: NaN (microxcaling), as returned */
+}
+
+/* floor(log2 |x|) from x's bits u (nonzero), a subnormal's from its integer value's conversion (exact
+   below 2^24). It has a loop of its own: mixed with the narrow codes, the conversion stops the
+   element loop from being vectorised. */
+static ALWAYS_INLINE int32_t exponent(uint32_t u) {
+    const uint32_t a = u & 0x7fffffffu, field = a >> 23;
+    const int32_t subnormal = (int32_t)(float_bits((float)(int32_t)a) >> 23) - 276;
+    return field ? (int32_t)field - 127 : subnormal;
+}
+
+/* Step 3 for one element: x's bits u (of exponent ex) divided by 2^s, rounded in `mode` with saturation. The result
+   is n quanta of 2^q (q in the element's grid, n <= max_significand) and the sign, in *n, *q. */
+static ALWAYS_INLINE uint32_t round_element(const mx_t *k, uint32_t u, int32_t ex, int s, int mode, int32_t *q_out) {
+    const int M = k->man_bits;
+    const uint32_t a = u & 0x7fffffffu, field = a >> 23, sign = u >> 31;
+    const uint32_t sig = field ? (a & 0x7fffffu) | 0x800000u : a;
+    const int32_t eq = ex - s;                                 /* the quotient's exponent */
+    int32_t q = (eq > k->emin ? eq : k->emin) - M;             /* its grid 2^q ... */
+    const int32_t lsb = (int32_t)(field ? field : 1) - 150;    /* ... and x's last bit 2^lsb */
+    int32_t D = q + s - lsb;                                   /* bits of x's significand to drop */
+    D = D < 1 ? 1 : D > 25 ? 25 : D;                           /* >= 1 where covered; 25: all of them */
+    const uint32_t keep = sig >> D, half = UINT32_C(1) << (D - 1);
+    const uint32_t round_bit = (sig & half) != 0, sticky = (sig & (half - 1)) != 0;
+    uint32_t n;
+    switch (mode) {
+    case NEAREST_EVEN: n = keep + (round_bit & (sticky | (keep & 1))); break;
+    case NEAREST_AWAY: n = keep + round_bit; break;
+    case TOWARD_ZERO: n = keep; break;
+    case UP: n = keep + ((round_bit | sticky) & (sign ^ 1)); break;
+    case DOWN: n = keep + ((round_bit | sticky) & sign); break;
+    default: n = keep | round_bit | sticky; break; /* ODD */
+    }
+    const uint32_t carry = n >> (M + 1); /* n = 2^(M+1): the next binade's 2^M */
+    n >>= carry;
+    q += (int32_t)carry;
+    const int over = (q > k->top_exp) | ((q == k->top_exp) & (n > k->max_significand));
+    n = over ? k->max_significand : n; /* saturation, as every spec says */
+    q = over ? k->top_exp : q;
+    *q_out = q;
+    return n | (sign << 31); /* n < 2^24 */
+}
+
+/* The outputs of an element n * 2^q with sign (round_element's result r) scaled by 2^s. */
+static ALWAYS_INLINE uint32_t element_code(const mx_t *k, uint32_t r, int32_t q) {
+    /* a normal n (2^M <= n < 2^(M+1)) is the exponent field q + M + bias above its mantissa n - 2^M;
+       below 2^M, q is emin - M and that field minus 1 is 0: one sum for both, without a branch */
+    const uint32_t n = r & 0x7fffffffu;
+    return (n + ((uint32_t)(q + k->man_bits + k->bias - 1) << k->man_bits)) | ((r >> 31) << k->sign_shift);
+}
+
+static ALWAYS_INLINE uint32_t value_bits_32(uint32_t r, int32_t q, int s) {
+    const uint32_t n = r & 0x7fffffffu, sign = r & 0x80000000u;
+    const int32_t qx = q + s;                      /* n * 2^qx, exact in float32 (the caller checks) */
+    const uint32_t nb = float_bits((float)(int32_t)n);
+    const int32_t top = (int32_t)(nb >> 23) - 127 + qx; /* the value's exponent */
+    const uint32_t normal = nb + ((uint32_t)qx << 23);
+    const uint32_t subnormal = n << ((qx + 149) & 31);  /* qx >= -149 where a value is subnormal */
+    return (n == 0 ? 0 : top >= -126 ? normal : subnormal) | sign;
+}
+
+static ALWAYS_INLINE uint64_t value_bits_64(uint32_t r, int32_t q, int s) {
+    const uint32_t n = r & 0x7fffffffu;
+    const uint32_t nb = float_bits((float)(int32_t)n); /* n's exponent and mantissa, then float64's */
+    const uint32_t field = n == 0 ? 0 : (nb >> 23) + (uint32_t)(q + s) + (1023 - 127); /* normal in float64 */
+    return ((uint64_t)(field | ((r >> 31) << 11)) << 52) | ((uint64_t)(nb & 0x7fffffu) << 29);
+}
+
+/* Steps 1 to 3 for `blocks` blocks of `block` elements, in `mode` into `output` (constants where
+   inlined, so that each combination's element loop is vectorised on its own). */
+static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, void *restrict dst,
+                                     uint8_t *restrict scales, Py_ssize_t blocks, Py_ssize_t block, int mode,
+                                     int output) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const uint32_t *xb = x + b * block;
+        uint32_t amax = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint32_t a = xb[i] & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        const int s = scale_exponent(k, amax);
+        const int nan = s > E8M0_HI;
+        scales[b] = nan ? E8M0_NAN : (uint8_t)(s + 127);
+        const Py_ssize_t at = b * block;
+        if (nan) {
+            for (Py_ssize_t i = 0; i < block; i++) {
+                if (output == OUT_CODES8) ((uint8_t *)dst)[at + i] = (uint8_t)k->nan_code;
+                else if (output == OUT_CODES16) ((uint16_t *)dst)[at + i] = (uint16_t)k->nan_code;
+                else if (output == OUT_F32) ((uint32_t *)dst)[at + i] = 0x7fc00000u;
+                else ((uint64_t *)dst)[at + i] = UINT64_C(0x7ff8000000000000);
+            }
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < block; j += PIECE) { /* pieces of a long block */
+            const Py_ssize_t m = block - j < PIECE ? block - j : PIECE;
+            int32_t ex[PIECE];
+            uint32_t codes[PIECE];
+            for (Py_ssize_t i = 0; i < m; i++) ex[i] = exponent(xb[j + i]);
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int32_t q;
+                const uint32_t r = round_element(k, xb[j + i], ex[i], s, mode, &q);
+                if (output == OUT_F32) ((uint32_t *)dst)[at + j + i] = value_bits_32(r, q, s);
+                else if (output == OUT_F64) ((uint64_t *)dst)[at + j + i] = value_bits_64(r, q, s);
+                else codes[i] = element_code(k, r, q);
+            }
+            /* narrowed in a loop of their own: in the loop above, 8- and 16-bit stores would make
+               the vectoriser take 32 or 16 elements at a time, more than the registers hold */
+            if (output == OUT_CODES8)
+                for (Py_ssize_t i = 0; i < m; i++) ((uint8_t *)dst)[at + j + i] = (uint8_t)codes[i];
+            else if (output == OUT_CODES16)
+                for (Py_ssize_t i = 0; i < m; i++) ((uint16_t *)dst)[at + j + i] = (uint16_t)codes[i];
+        }
+    }
+}
+
+/* One function per (mode, output), blocks of 32 (MX) spelt out so that the loops have a fixed count. */
+typedef void (*run_fn)(const mx_t *, const uint32_t *, void *, uint8_t *, Py_ssize_t, Py_ssize_t);
+#define DEFINE_RUN(MODE, OUTPUT)                                                                            \
+    MULTIVERSION static void run_##MODE##_##OUTPUT(const mx_t *k, const uint32_t *x, void *dst, uint8_t *scales, \
+                                                   Py_ssize_t blocks, Py_ssize_t block) {                 \
+        if (block == 32) run_blocks(k, x, dst, scales, blocks, 32, MODE, OUTPUT);                          \
+        else run_blocks(k, x, dst, scales, blocks, block, MODE, OUTPUT);                                   \
+    }
+#define DEFINE_RUNS(MODE) DEFINE_RUN(MODE, OUT_CODES8) DEFINE_RUN(MODE, OUT_CODES16) DEFINE_RUN(MODE, OUT_F32) \
+    DEFINE_RUN(MODE, OUT_F64)
+DEFINE_RUNS(NEAREST_EVEN)
+DEFINE_RUNS(NEAREST_AWAY)
+DEFINE_RUNS(TOWARD_ZERO)
+DEFINE_RUNS(UP)
+DEFINE_RUNS(DOWN)
+DEFINE_RUNS(ODD)
+#define ROW(MODE) {run_##MODE##_OUT_CODES8, run_##MODE##_OUT_CODES16, run_##MODE##_OUT_F32, run_##MODE##_OUT_F64},
+static const run_fn runs[STOCHASTIC][OUT_COUNT] = {ROW(NEAREST_EVEN) ROW(NEAREST_AWAY) ROW(TOWARD_ZERO) ROW(UP)
+                                                       ROW(DOWN) ROW(ODD)};
+
+static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"src", "dst", "scales", "block", "mode", "output", "rule", "man_bits", "emin", "bias",
+                            "emax", "top_exp", "max_significand", "sign_shift", "element_max", "nan_code", NULL};
+    Py_buffer src, dst, scales;
+    Py_ssize_t block;
+    int mode, output;
+    mx_t k;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*w*w*$niiiiiiiiIifI", names, &src, &dst, &scales, &block,
+                                     &mode, &output, &k.rule, &k.man_bits, &k.emin, &k.bias, &k.emax, &k.top_exp,
+                                     &k.max_significand, &k.sign_shift, &k.element_max, &k.nan_code))
+        return NULL;
+    static const Py_ssize_t out_bytes[OUT_COUNT] = {1, 2, 4, 8};
+    const Py_ssize_t n = src.len / 4;
+    const char *problem = NULL;
+    if (mode < 0 || mode >= STOCHASTIC || output < 0 || output >= OUT_COUNT || k.rule < 0 || k.rule >= RULE_COUNT ||
+        k.man_bits < 1 || k.man_bits > 22 || k.sign_shift < 1 || k.sign_shift > 15)
+        problem = "quantize_mx: mode, output, rule or format out of range";
+    else if (block < 1 || src.len % 4 || n % block || dst.len != n * out_bytes[output] || scales.len != n / block)
+        problem = "quantize_mx: src must be whole blocks of float32, dst one output and scales one byte per block";
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS
+        runs[mode][output](&k, src.buf, dst.buf, scales.buf, n / block, block);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&scales);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"quantize_mx", (PyCFunction)(void (*)(void))quantize_mx, METH_VARARGS | METH_KEYWORDS,
+     "quantize_mx(src, dst, scales, *, block, mode, output, rule, <element format>): MX blocks of float32 src "
+     "into element codes or dequantised values (dst) and E8M0 scale codes (scales)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastblocks",
+                                    "Compiled fast path of MX block quantisation.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastblocks(void) { return PyModule_Create(&module); }
