@@ -58,6 +58,7 @@ typedef struct {
     int emax;             /* its largest exponent (the MX spec's emax_elem), */
     int top_exp;          /* max = max_significand * 2^top_exp, */
     uint32_t max_significand;
+    uint32_t max_code;    /* max's code (without the sign) */
     int sign_shift;       /* a code's sign bit is 1 << sign_shift */
     float element_max;    /* max as a float32 (rceil divides by it) */
     uint32_t nan_code;    /* the element code of a NaN block's elements */
@@ -117,69 +118,74 @@ static ALWAYS_INLINE int scale_exponent(const mx_t *k, uint32_t amax) {
 }
 
 /* floor(log2 |x|) from x's bits u (nonzero), a subnormal's from its integer value's conversion (exact
-   below 2^24). It has a loop of its own: mixed with the narrow codes, the conversion stops the
-   element loop from being vectorised. */
-static ALWAYS_INLINE int32_t exponent(uint32_t u) {
+   below 2^24) where `subnormals`, else -127. Under a scale 2^s with s >= -126 - emin, every float32
+   subnormal's quotient is below the element's normal range, where its exponent does not matter, so
+   blocks of all but the tiniest amaxes skip the conversion. (It has a loop of its own: mixed with the
+   narrow codes, the conversion stops the element loop from being vectorised.) */
+static ALWAYS_INLINE int32_t exponent(uint32_t u, int subnormals) {
     const uint32_t a = u & 0x7fffffffu, field = a >> 23;
+    if (!subnormals) return (int32_t)field - 127;
     const int32_t subnormal = (int32_t)(float_bits((float)(int32_t)a) >> 23) - 276;
     return field ? (int32_t)field - 127 : subnormal;
 }
 
-/* Step 3 for one element: x's bits u (of exponent ex) divided by 2^s, rounded in `mode` with saturation. The result
-   is n quanta of 2^q (q in the element's grid, n <= max_significand) and the sign, in *n, *q. */
+/* Step 3 for one element: x's bits u (of exponent ex) divided by 2^s and rounded in `mode`: n quanta
+   of the element's grid 2^q (in *q_out) and the sign, as n | sign << 31. n may be 2^(M+1) (a carry
+   into the next binade) or beyond the element's max: the outputs below saturate. */
 static ALWAYS_INLINE uint32_t round_element(const mx_t *k, uint32_t u, int32_t ex, int s, int mode, int32_t *q_out) {
-    const int M = k->man_bits;
     const uint32_t a = u & 0x7fffffffu, field = a >> 23, sign = u >> 31;
     const uint32_t sig = field ? (a & 0x7fffffu) | 0x800000u : a;
-    const int32_t eq = ex - s;                                 /* the quotient's exponent */
-    int32_t q = (eq > k->emin ? eq : k->emin) - M;             /* its grid 2^q ... */
-    const int32_t lsb = (int32_t)(field ? field : 1) - 150;    /* ... and x's last bit 2^lsb */
-    int32_t D = q + s - lsb;                                   /* bits of x's significand to drop */
-    D = D < 1 ? 1 : D > 25 ? 25 : D;                           /* >= 1 where covered; 25: all of them */
-    const uint32_t keep = sig >> D, half = UINT32_C(1) << (D - 1);
-    const uint32_t round_bit = (sig & half) != 0, sticky = (sig & (half - 1)) != 0;
+    const int32_t eq = ex - s;                                        /* the quotient's exponent */
+    const int32_t q = (eq > k->emin ? eq : k->emin) - k->man_bits;    /* its grid 2^q ... */
+    const int32_t lsb = (int32_t)(field ? field : 1) - 150;           /* ... and x's last bit 2^lsb */
+    int32_t D = q + s - lsb;                                          /* bits of x's significand to drop */
+    D = D < 1 ? 1 : D > 25 ? 25 : D;                                  /* >= 1 where covered; 25: all */
+    const uint32_t low = (UINT32_C(1) << D) - 1, half = (low >> 1) + 1; /* the dropped bits; their half */
     uint32_t n;
-    switch (mode) {
-    case NEAREST_EVEN: n = keep + (round_bit & (sticky | (keep & 1))); break;
-    case NEAREST_AWAY: n = keep + round_bit; break;
-    case TOWARD_ZERO: n = keep; break;
-    case UP: n = keep + ((round_bit | sticky) & (sign ^ 1)); break;
-    case DOWN: n = keep + ((round_bit | sticky) & sign); break;
-    default: n = keep | round_bit | sticky; break; /* ODD */
+    switch (mode) { /* add what carries into the kept bits where the mode rounds up, then drop */
+    case NEAREST_EVEN: n = (sig + (half - 1) + ((sig >> D) & 1)) >> D; break;
+    case NEAREST_AWAY: n = (sig + half) >> D; break;
+    case TOWARD_ZERO: n = sig >> D; break;
+    case UP: n = (sig + (low & (sign - 1))) >> D; break;
+    case DOWN: n = (sig + (low & (0 - sign))) >> D; break;
+    default: n = (sig >> D) | ((sig & low) != 0); break; /* ODD */
     }
-    const uint32_t carry = n >> (M + 1); /* n = 2^(M+1): the next binade's 2^M */
-    n >>= carry;
-    q += (int32_t)carry;
-    const int over = (q > k->top_exp) | ((q == k->top_exp) & (n > k->max_significand));
-    n = over ? k->max_significand : n; /* saturation, as every spec says */
-    q = over ? k->top_exp : q;
     *q_out = q;
-    return n | (sign << 31); /* n < 2^24 */
+    return n | (sign << 31); /* n < 2^25 */
 }
 
-/* The outputs of an element n * 2^q with sign (round_element's result r) scaled by 2^s. */
+/* The magnitude of the element's code: a normal n (2^M <= n < 2^(M+1)) is the exponent field
+   q + M + bias above its mantissa n - 2^M; below 2^M, q is emin - M and that field minus 1 is 0; a
+   carry n = 2^(M+1) gives the next binade's code. One sum for all, without a branch, and it orders
+   the results as their values do: above max_code they overflow (and saturate). */
+static ALWAYS_INLINE uint32_t code_magnitude(const mx_t *k, uint32_t r, int32_t q) {
+    return (r & 0x7fffffffu) + ((uint32_t)(q + k->man_bits + k->bias - 1) << k->man_bits);
+}
+
 static ALWAYS_INLINE uint32_t element_code(const mx_t *k, uint32_t r, int32_t q) {
-    /* a normal n (2^M <= n < 2^(M+1)) is the exponent field q + M + bias above its mantissa n - 2^M;
-       below 2^M, q is emin - M and that field minus 1 is 0: one sum for both, without a branch */
-    const uint32_t n = r & 0x7fffffffu;
-    return (n + ((uint32_t)(q + k->man_bits + k->bias - 1) << k->man_bits)) | ((r >> 31) << k->sign_shift);
+    const uint32_t magnitude = code_magnitude(k, r, q);
+    return (magnitude < k->max_code ? magnitude : k->max_code) | ((r >> 31) << k->sign_shift);
 }
 
-static ALWAYS_INLINE uint32_t value_bits_32(uint32_t r, int32_t q, int s) {
+/* Dequantised values n * 2^(q + s), exact (the caller checks that the output type holds them); `top`:
+   the bits of max * 2^s, where the element saturates. */
+static ALWAYS_INLINE uint32_t value_bits_32(uint32_t r, int32_t q, int s, uint32_t top) {
     const uint32_t n = r & 0x7fffffffu, sign = r & 0x80000000u;
-    const int32_t qx = q + s;                      /* n * 2^qx, exact in float32 (the caller checks) */
+    const int32_t qx = q + s;
     const uint32_t nb = float_bits((float)(int32_t)n);
-    const int32_t top = (int32_t)(nb >> 23) - 127 + qx; /* the value's exponent */
+    const int32_t e = (int32_t)(nb >> 23) - 127 + qx; /* the value's exponent */
     const uint32_t normal = nb + ((uint32_t)qx << 23);
     const uint32_t subnormal = n << ((qx + 149) & 31);  /* qx >= -149 where a value is subnormal */
-    return (n == 0 ? 0 : top >= -126 ? normal : subnormal) | sign;
+    const uint32_t bits = n == 0 ? 0 : e >= -126 ? normal : subnormal;
+    return (bits < top ? bits : top) | sign; /* positive floats' bits order as their values */
 }
 
-static ALWAYS_INLINE uint64_t value_bits_64(uint32_t r, int32_t q, int s) {
+static ALWAYS_INLINE uint64_t value_bits_64(uint32_t r, int32_t q, int s, uint64_t top) {
     const uint32_t n = r & 0x7fffffffu;
     const uint32_t nb = float_bits((float)(int32_t)n); /* n's exponent and mantissa, then float64's */
     const uint32_t field = n == 0 ? 0 : (nb >> 23) + (uint32_t)(q + s) + (1023 - 127); /* normal in float64 */
-    return ((uint64_t)(field | ((r >> 31) << 11)) << 52) | ((uint64_t)(nb & 0x7fffffu) << 29);
+    const uint64_t bits = ((uint64_t)field << 52) | ((uint64_t)(nb & 0x7fffffu) << 29);
+    return (bits < top ? bits : top) | ((uint64_t)(r >> 31) << 63);
 }
 
 /* Steps 1 to 3 for `blocks` blocks of `block` elements, in `mode` into `output` (constants where
@@ -207,24 +213,23 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
             }
             continue;
         }
+        const int subnormals = s < -126 - k->emin;
+        const uint32_t max_r = k->max_significand; /* the element's max, as round_element gives it */
+        const uint32_t top_32 = output == OUT_F32 ? value_bits_32(max_r, k->top_exp, s, UINT32_MAX) : 0;
+        const uint64_t top_64 = output == OUT_F64 ? value_bits_64(max_r, k->top_exp, s, UINT64_MAX) : 0;
         for (Py_ssize_t j = 0; j < block; j += PIECE) { /* pieces of a long block */
             const Py_ssize_t m = block - j < PIECE ? block - j : PIECE;
             int32_t ex[PIECE];
-            uint32_t codes[PIECE];
-            for (Py_ssize_t i = 0; i < m; i++) ex[i] = exponent(xb[j + i]);
+            if (subnormals) for (Py_ssize_t i = 0; i < m; i++) ex[i] = exponent(xb[j + i], 1);
+            else for (Py_ssize_t i = 0; i < m; i++) ex[i] = exponent(xb[j + i], 0);
             for (Py_ssize_t i = 0; i < m; i++) {
                 int32_t q;
                 const uint32_t r = round_element(k, xb[j + i], ex[i], s, mode, &q);
-                if (output == OUT_F32) ((uint32_t *)dst)[at + j + i] = value_bits_32(r, q, s);
-                else if (output == OUT_F64) ((uint64_t *)dst)[at + j + i] = value_bits_64(r, q, s);
-                else codes[i] = element_code(k, r, q);
+                if (output == OUT_F32) ((uint32_t *)dst)[at + j + i] = value_bits_32(r, q, s, top_32);
+                else if (output == OUT_F64) ((uint64_t *)dst)[at + j + i] = value_bits_64(r, q, s, top_64);
+                else if (output == OUT_CODES8) ((uint8_t *)dst)[at + j + i] = (uint8_t)element_code(k, r, q);
+                else ((uint16_t *)dst)[at + j + i] = (uint16_t)element_code(k, r, q);
             }
-            /* narrowed in a loop of their own: in the loop above, 8- and 16-bit stores would make
-               the vectoriser take 32 or 16 elements at a time, more than the registers hold */
-            if (output == OUT_CODES8)
-                for (Py_ssize_t i = 0; i < m; i++) ((uint8_t *)dst)[at + j + i] = (uint8_t)codes[i];
-            else if (output == OUT_CODES16)
-                for (Py_ssize_t i = 0; i < m; i++) ((uint16_t *)dst)[at + j + i] = (uint16_t)codes[i];
         }
     }
 }
@@ -269,6 +274,7 @@ static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
     else if (block < 1 || src.len % 4 || n % block || dst.len != n * out_bytes[output] || scales.len != n / block)
         problem = "quantize_mx: src must be whole blocks of float32, dst one output and scales one byte per block";
     if (!problem) {
+        k.max_code = code_magnitude(&k, k.max_significand, k.top_exp);
         Py_BEGIN_ALLOW_THREADS
         runs[mode][output](&k, src.buf, dst.buf, scales.buf, n / block, block);
         Py_END_ALLOW_THREADS
