@@ -16,7 +16,7 @@
  *             quanta of the element's grid 2^q) in float32 or float64.
  *
  * It covers (fpsim/_native_blocks.py covers) signed element formats with subnormals, a negative
- * zero, 1 to 22 mantissa bits and a finest spacing 2^quantum_exp with quantum_exp >= -21: the
+ * zero, 1 to 19 mantissa bits and a finest spacing 2^quantum_exp with quantum_exp >= -21: the
  * element grid scaled by E8M0's smallest scale, 2^(quantum_exp - 127), is then at least twice
  * float32's 2^-149, so that every element drops at least one bit of x's significand. That is OCP
  * FP8, FP6 and FP4. tests/test_blocks.py checks it against fpsim/exact_blocks.py.
@@ -38,6 +38,11 @@ enum { OUT_CODES8, OUT_CODES16, OUT_F32, OUT_F64, OUT_COUNT };
 #define E8M0_HI 127
 #define E8M0_NAN 0xFFu
 #define PIECE 64 /* elements rounded at a time */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define HIGH_WORD 0 /* where a float64's high 32 bits are */
+#else
+#define HIGH_WORD 1
+#endif
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline)) /* so that the loops specialise and vectorise */
@@ -180,12 +185,14 @@ static ALWAYS_INLINE uint32_t value_bits_32(uint32_t r, int32_t q, int s, uint32
     return (bits < top ? bits : top) | sign; /* positive floats' bits order as their values */
 }
 
-static ALWAYS_INLINE uint64_t value_bits_64(uint32_t r, int32_t q, int s, uint64_t top) {
+/* The same in float64, as its high word: n has at most man_bits + 2 <= 21 significant bits, so that
+   the low word is 0 (and the high words order as the values). */
+static ALWAYS_INLINE uint32_t value_high_64(uint32_t r, int32_t q, int s, uint32_t top) {
     const uint32_t n = r & 0x7fffffffu;
     const uint32_t nb = float_bits((float)(int32_t)n); /* n's exponent and mantissa, then float64's */
     const uint32_t field = n == 0 ? 0 : (nb >> 23) + (uint32_t)(q + s) + (1023 - 127); /* normal in float64 */
-    const uint64_t bits = ((uint64_t)field << 52) | ((uint64_t)(nb & 0x7fffffu) << 29);
-    return (bits < top ? bits : top) | ((uint64_t)(r >> 31) << 63);
+    const uint32_t bits = (field << 20) | ((nb & 0x7fffffu) >> 3);
+    return (bits < top ? bits : top) | (r & 0x80000000u);
 }
 
 /* Steps 1 to 3 for `blocks` blocks of `block` elements, in `mode` into `output` (constants where
@@ -216,7 +223,7 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
         const int subnormals = s < -126 - k->emin;
         const uint32_t max_r = k->max_significand; /* the element's max, as round_element gives it */
         const uint32_t top_32 = output == OUT_F32 ? value_bits_32(max_r, k->top_exp, s, UINT32_MAX) : 0;
-        const uint64_t top_64 = output == OUT_F64 ? value_bits_64(max_r, k->top_exp, s, UINT64_MAX) : 0;
+        const uint32_t top_64 = output == OUT_F64 ? value_high_64(max_r, k->top_exp, s, UINT32_MAX) : 0;
         for (Py_ssize_t j = 0; j < block; j += PIECE) { /* pieces of a long block */
             const Py_ssize_t m = block - j < PIECE ? block - j : PIECE;
             int32_t ex[PIECE];
@@ -226,7 +233,10 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
                 int32_t q;
                 const uint32_t r = round_element(k, xb[j + i], ex[i], s, mode, &q);
                 if (output == OUT_F32) ((uint32_t *)dst)[at + j + i] = value_bits_32(r, q, s, top_32);
-                else if (output == OUT_F64) ((uint64_t *)dst)[at + j + i] = value_bits_64(r, q, s, top_64);
+                else if (output == OUT_F64) {
+                    ((uint32_t *)dst)[2 * (at + j + i) + (1 - HIGH_WORD)] = 0;
+                    ((uint32_t *)dst)[2 * (at + j + i) + HIGH_WORD] = value_high_64(r, q, s, top_64);
+                }
                 else if (output == OUT_CODES8) ((uint8_t *)dst)[at + j + i] = (uint8_t)element_code(k, r, q);
                 else ((uint16_t *)dst)[at + j + i] = (uint16_t)element_code(k, r, q);
             }
@@ -269,7 +279,7 @@ static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
     const Py_ssize_t n = src.len / 4;
     const char *problem = NULL;
     if (mode < 0 || mode >= STOCHASTIC || output < 0 || output >= OUT_COUNT || k.rule < 0 || k.rule >= RULE_COUNT ||
-        k.man_bits < 1 || k.man_bits > 22 || k.sign_shift < 1 || k.sign_shift > 15)
+        k.man_bits < 1 || k.man_bits > 19 || k.sign_shift < 1 || k.sign_shift > 15)
         problem = "quantize_mx: mode, output, rule or format out of range";
     else if (block < 1 || src.len % 4 || n % block || dst.len != n * out_bytes[output] || scales.len != n / block)
         problem = "quantize_mx: src must be whole blocks of float32, dst one output and scales one byte per block";

@@ -34,10 +34,10 @@ def available() -> bool:
 
 
 def _covers_element(element: Format) -> bool:
-    """Signed with subnormals and -0, 1 to 22 mantissa bits, a finest spacing of 2^-21 or coarser (see
+    """Signed with subnormals and -0, 1 to 19 mantissa bits, a finest spacing of 2^-21 or coarser (see
     _fastblocks.c) and a max that float32 holds (rceil divides by it in float32)."""
     quantum_exp = element.emin - element.man_bits
-    return (element.signed and element.subnormals and element.has_negative_zero and 1 <= element.man_bits <= 22
+    return (element.signed and element.subnormals and element.has_negative_zero and 1 <= element.man_bits <= 19
             and quantum_exp >= -21 and element.bits <= 16 and float(np.float32(element.max)) == element.max)
 
 
