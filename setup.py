@@ -1,5 +1,5 @@
-"""Packages, the study scripts and the optional C kernels (the rounding engine's and the analyzer's
-histograms); fpsim works without them (numpy and torch paths).
+"""Packages, the study scripts and the optional C kernels (the rounding engine's, MX block
+quantisation's and the analyzer's histograms); fpsim works without them (numpy and torch paths).
 
 The study scripts live in the top-level studies/ folder (they regenerate docs/) and ship
 inside the wheel as the package fpsim.study_scripts, so that `fpsim study` runs from an install.
@@ -17,6 +17,15 @@ setup(
             depends=["fpsim/_fastround_width.h"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
+        ),
+        Extension(
+            "fpsim._fastblocks",
+            sources=["fpsim/_fastblocks.c"],
+            # -fno-trapping-math: its element loops select between integer-to-float conversions, which
+            # gcc vectorises only when it may assume that no floating-point exception traps (none is
+            # ever enabled; no result changes)
+            extra_compile_args=["-O3", "-fno-trapping-math"],
+            optional=True,  # no compiler: install anyway and quantise MX blocks through the general path
         ),
         Extension(
             "fpsim._fasthist",

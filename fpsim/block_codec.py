@@ -35,10 +35,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _arrays, _native
+from . import _arrays, _native, _native_blocks
 from ._arrays import numpy_generator, on_device  # shared with fpsim.recipes through this module
 from .blocks import BlockFormat, format
-from .codec import decode as decode_codes, encode as encode_values
+from .codec import code_dtype, decode as decode_codes, encode as encode_values
 from .formats import PRESETS
 from .modes import check_rounding
 from .quotient import round_quotient
@@ -302,9 +302,12 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
-    scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
-    values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
+    if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
+        values, _ = _native_blocks.quantize(blocks.view, fmt, rounding, dtype)
+    else:
+        scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
+        values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
     return on_device(blocks.unblock(values), device)
 
 
@@ -315,9 +318,13 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
-    scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
-    codes = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, True, rng)
-    scale_codes = _scale_codes(np.squeeze(scale, axis=blocks.element_axes), fmt.scale)
+    if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
+        codes, scale_codes = _native_blocks.quantize(blocks.view, fmt, rounding, code_dtype(fmt.element))
+        tensor_scale = None
+    else:
+        scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
+        codes = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, True, rng)
+        scale_codes = _scale_codes(np.squeeze(scale, axis=blocks.element_axes), fmt.scale)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
     ts = None
     if tensor_scale is not None:

@@ -13,7 +13,9 @@ Sources of expected values:
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +24,10 @@ from hypothesis import strategies as st
 
 import fpsim
 import fpsim.strategies as fst
-from fpsim import _native, exact, exact_blocks
+from fpsim import _native, _native_blocks, exact, exact_blocks
 from fpsim.block_codec import BlockEncoding
 from fpsim.blocks import BLOCK_PRESETS, SCALE_RULES, BlockFormat
+from fpsim.modes import MODES
 
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 SMALL_PRESETS = [name for name in BLOCK_PRESETS if name != "fp8_block_128x128"]
@@ -154,32 +157,101 @@ def test_float64_input_matches_the_oracle(name, data):
     assert_same(got, want)
 
 
+def _without(patch, path):
+    """Turn off the compiled MX path ("round_blocks": MX blocks then take _fastround's block entry
+    points), or every compiled block path ("numpy": round_quotient and numpy's amax, which every
+    other input layout uses)."""
+    patch.setattr(_native_blocks, "covers", lambda *args: False)
+    if path == "numpy":
+        patch.setattr(_native, "covers_blocks", lambda *args: False)
+        patch.setattr(_native, "available", lambda: False)
+
+
+@pytest.mark.parametrize("path", ["round_blocks", "numpy"])
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "fp8_block_1x128"])
 @settings(FAST, max_examples=20)
 @given(data=st.data())
-def test_numpy_path_matches_the_oracle(name, data):
-    # the same comparison with the compiled kernel's block entry points turned off: float32 input
-    # then takes round_quotient and numpy's amax, which every other input layout uses
+def test_slower_paths_match_the_oracle(name, path, data):
+    # the same comparison with the faster compiled paths turned off, as a build without a compiler has
     x = data.draw(fst.block_arrays(name), label="x")
     rounding = data.draw(st.sampled_from(DETERMINISTIC), label="rounding")
     want, scales, elements, t = oracle(x, **spec(name), rounding=rounding)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_native, "covers_blocks", lambda *args: False)
-        patch.setattr(_native, "available", lambda: False)
+        _without(patch, path)
         assert_same(fpsim.quantize(x, name, rounding), want)
         assert_codes(fpsim.encode(x, name, rounding), fpsim.format(name), scales, elements, t)
 
 
-@pytest.mark.skipif(not _native.available(), reason="the compiled kernel is not built")
-def test_float32_blocks_take_the_kernel_block_path():
-    calls = []
+@pytest.mark.skipif(not (_native.available() and _native_blocks.available()), reason="a compiled kernel is not built")
+def test_float32_blocks_take_the_compiled_paths():
+    mx, other = [], []
     with pytest.MonkeyPatch.context() as patch:
-        run = _native.run_blocks
-        patch.setattr(_native, "run_blocks", lambda *args, **kw: calls.append(args[2]) or run(*args, **kw))
+        run, quantize_mx = _native.run_blocks, _native_blocks.quantize
+        patch.setattr(_native, "run_blocks", lambda *args, **kw: other.append(args[2]) or run(*args, **kw))
+        patch.setattr(_native_blocks, "quantize", lambda *args: mx.append(args[1].name) or quantize_mx(*args))
         for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
             fpsim.quantize(np.ones((2, 64), dtype=np.float32), name)
             fpsim.encode(np.ones(64, dtype=np.float32), name)
-    assert calls == [32, 32, 32, 32, 16, 16]
+        fpsim.quantize(np.ones(64, dtype=np.float32), "mxint8")  # integer elements: round_quotient
+        fpsim.quantize(np.ones(64, dtype=np.float32), "mxfp8_e4m3", "stochastic", seed=1)  # the numpy path
+    assert mx == ["mxfp8_e4m3", "mxfp8_e4m3", "mxfp4", "mxfp4"] and other == [16, 16]
+
+
+MX_FLOAT = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"]
+
+
+@pytest.mark.parametrize("name", MX_FLOAT)
+@pytest.mark.parametrize("rule", POW2_RULES)
+@settings(FAST, max_examples=10)
+@given(data=st.data())
+def test_compiled_mx_path_in_every_rule_and_mode(name, rule, data):
+    # the compiled MX path decides amax, scale and elements in one pass: each rule with each mode
+    x = data.draw(fst.block_arrays(name), label="x")
+    rounding = data.draw(st.sampled_from(DETERMINISTIC), label="rounding")
+    want, scales, elements, _ = oracle(x, **spec(name, rule), rounding=rounding)
+    fmt = fpsim.format(name).with_rule(rule)
+    assert_same(fpsim.quantize(x, fmt, rounding), want)
+    assert_codes(fpsim.encode(x, fmt, rounding), fmt, scales, elements, None)
+
+
+@pytest.mark.parametrize("rule", POW2_RULES)
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_float32_subnormal_blocks_under_the_smallest_scale(rule, rounding):
+    # Blocks whose amax is a float32 subnormal get E8M0's smallest scale 2^-127 (or, for the
+    # largest ones, a scale that leaves their elements in the element's normal range): the
+    # elements' own exponents come from their subnormal significands. One block per exponent.
+    k = np.arange(-149, -125)
+    x = np.ldexp(np.float32(1), k)[:, None] * np.linspace(1, 1.97, 32, dtype=np.float32)[None, :]
+    x = (x * np.where(np.arange(32) % 3 == 0, -1, 1)).astype(np.float32)
+    x[:, 5] = np.nextafter(np.float32(0), np.float32(1)) * 3  # a few quanta of 2^-149 in every block
+    for name in ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"):
+        want, scales, elements, _ = oracle(x, **spec(name, rule), rounding=rounding)
+        fmt = fpsim.format(name).with_rule(rule)
+        assert_same(fpsim.quantize(x, fmt, rounding), want)
+        assert_codes(fpsim.encode(x, fmt, rounding), fmt, scales, elements, None)
+
+
+@pytest.mark.parametrize("block", [16, 100])
+def test_compiled_mx_path_with_other_block_sizes(block):
+    # blocks of 16 (fewer than MX's 32) and of 100 (more than the kernel's pieces of 64 elements)
+    rng = np.random.default_rng(block)
+    x = (rng.standard_normal((3, 2 * block)) * np.exp2(rng.integers(-20, 20, (3, 1)))).astype(np.float32)
+    x[1, 3] = 500.0  # one large element: saturates under floor, moves the scale under the others
+    for rule in POW2_RULES:
+        fmt = BlockFormat("e4m3", "e8m0", block, scale_rule=rule)
+        want, scales, elements, _ = oracle(x, "e4m3", "e8m0", (block,), rule)
+        assert_same(fpsim.quantize(x, fmt), want)
+        assert_codes(fpsim.encode(x, fmt), fmt, scales, elements, None)
+
+
+def test_compiled_mx_mode_list_matches_the_mode_table():
+    # the kernel's switch on the rounding mode takes kernel ids from fpsim.modes
+    source = (Path(fpsim.__file__).parent / "_fastblocks.c").read_text()
+    listed = re.search(r"#define FOR_EACH_MODE\(X\)((?:\s*X\(\w+\))+)", source).group(1)
+    names = [n.lower() for n in re.findall(r"X\((\w+)\)", listed)]
+    assert names == sorted(MODES, key=lambda m: MODES[m].kernel_id)
+    rules = re.search(r"enum \{ (RULE_\w+(?:, RULE_\w+)*)", source).group(1).split(", ")
+    assert [r[5:].lower() for r in rules] == [*_native_blocks.RULES, "count"]
 
 
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
