@@ -16,11 +16,20 @@ import fpsim
 dist = pytest.importorskip("torch.distributed")
 
 
-def sharded_run(port: int, watched: bool):
+def free_port() -> int:
+    """A TCP port nothing listens on now (a fixed one collides with suites run side by side)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sharded_run(watched: bool):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -49,8 +58,8 @@ def sharded_run(port: int, watched: bool):
 def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    plain, _ = sharded_run(29541, watched=False)
-    observed, w = sharded_run(29542, watched=True)
+    plain, _ = sharded_run(watched=False)
+    observed, w = sharded_run(watched=True)
     for a, b in zip(plain, observed):
         assert torch.equal(a, b)
     report = w.report()
