@@ -101,7 +101,9 @@ enum { EXACT_DRAW, TRUNCATED_DRAW, WIDE_DRAW };
     X(int64_t, top_exp, "q")         /* max = max_significand * 2^top_exp */                                \
     X(uint64_t, max_significand, "Q")                                                                       \
     X(int64_t, subnormals, "q")                                                                             \
-    X(int64_t, flush_outputs, "q")
+    X(int64_t, flush_outputs, "q")                                                                          \
+    X(int64_t, cast, "q")            /* 1: float64 input into float32's own format, converted by the        \
+                                        hardware (cast_chunk); the answers are float32 bits or codes */
 
 #define DECLARE_FIELD(TYPE, NAME, CODE) TYPE NAME;
 typedef struct {
@@ -379,7 +381,8 @@ static int decompose_exact(const kernel_t *k, const void *src, Py_ssize_t i, uin
 }
 
 /* ------------------------------------------------ step 1 for inputs of another type than the working float */
-/* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path. */
+/* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path (general[i]: 1,
+   else 0). */
 static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_t n, uint64_t *out,
                  uint64_t *general) {
     int any = 0;
@@ -389,7 +392,7 @@ static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_
         const double d = (double)v;                                                                       \
         const int big = BIG;                                                                              \
         memcpy(&out[i], &d, sizeof d);                                                                    \
-        general[i] |= (uint64_t)big;                                                                       \
+        general[i] = (uint64_t)big;                                                                        \
         any |= big;                                                                                       \
     }                                                                                                    \
     break;
@@ -460,6 +463,72 @@ static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, 
 }
 #else
 #define narrow_to_odd narrow_to_odd_plain
+#endif
+
+/* Float64 input into float32's own format (fpsim/_native.py _casts): one conversion by the hardware in the
+   mode's rounding direction (MXCSR; odd: toward zero, then the last bit set where converting back differs, as
+   narrow_to_odd), then the engine's answers where the kernel's passes would give them: a NaN, Inf or zero
+   input; overflow (a finite input of 2^128 or more, or one the conversion took to Inf, which is exactly where
+   the mode's rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
+   flush_subnormal_outputs); an input below min normal with flush_subnormal_inputs. */
+#if defined(__GNUC__) && defined(__x86_64__)
+__attribute__((target("avx2"))) static void cast_chunk(const kernel_t *k, const uint64_t *restrict src,
+                                                       uint32_t *restrict out, Py_ssize_t n) {
+    static const unsigned rounding_control[MODE_COUNT] = {
+        [NEAREST_EVEN] = 0x0000u, [DOWN] = 0x2000u, [UP] = 0x4000u, [TOWARD_ZERO] = 0x6000u, [ODD] = 0x6000u};
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x1F80u | rounding_control[k->mode]); /* all exceptions masked, no flush to zero */
+    const __m256i even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256i abs64 = _mm256_set1_epi64x(0x7fffffffffffffffLL), inf64 = _mm256_set1_epi64x(0x7ff0000000000000LL);
+    const __m256i huge64 = _mm256_set1_epi64x(0x47efffffffffffffLL); /* below 2^128 */
+    const __m256i tiny64 = _mm256_set1_epi64x(0x3810000000000000LL); /* 2^-126 */
+    const __m128i abs32 = _mm_set1_epi32(0x7fffffff), inf32 = _mm_set1_epi32(0x7f800000), one = _mm_set1_epi32(1);
+    const __m128i zero_below = _mm_set1_epi32((int)k->zero_below), flush_inputs = _mm_set1_epi32(-(int)!!k->flush_inputs);
+    const __m128i over0 = _mm_set1_epi32((int)k->over_pos), over1 = _mm_set1_epi32((int)k->over_neg);
+    const __m128i inf0 = _mm_set1_epi32((int)k->inf_pos), inf1 = _mm_set1_epi32((int)k->inf_neg);
+    const __m128i nan0 = _mm_set1_epi32((int)k->nan_pos), nan1 = _mm_set1_epi32((int)k->nan_neg);
+    const __m128i zero0 = _mm_set1_epi32((int)k->zero_pos), zero1 = _mm_set1_epi32((int)k->zero_neg);
+    const int odd = k->mode == ODD;
+#define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), even_lanes)) /* 4 x 64 -> 4 x 32 */
+    for (Py_ssize_t i = 0; i < n; i += 4) {
+        double tail[4] = {0.0, 0.0, 0.0, 0.0};
+        const Py_ssize_t left = n - i < 4 ? n - i : 4;
+        if (left < 4) memcpy(tail, src + i, (size_t)left * sizeof(double));
+        const __m256d x = left < 4 ? _mm256_loadu_pd(tail) : _mm256_loadu_pd((const double *)src + i);
+        const __m128 y = _mm256_cvtpd_ps(x);
+        __m128i res = _mm_castps_si128(y);
+        if (odd) res = _mm_or_si128(res, _mm_and_si128(NARROW_MASK(_mm256_castpd_si256(
+                                                        _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ))), one));
+        const __m256i a = _mm256_and_si256(_mm256_castpd_si256(x), abs64);
+        const __m128i is_nan = NARROW_MASK(_mm256_cmpgt_epi64(a, inf64));
+        const __m128i is_inf = NARROW_MASK(_mm256_cmpeq_epi64(a, inf64));
+        const __m128i is_zero = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_setzero_si256()));
+        const __m128i tiny = _mm_and_si128(NARROW_MASK(_mm256_cmpgt_epi64(tiny64, a)), flush_inputs);
+        const __m128i magnitude = _mm_and_si128(res, abs32), negative = _mm_srai_epi32(res, 31);
+        const __m128i over = _mm_or_si128(NARROW_MASK(_mm256_cmpgt_epi64(a, huge64)), _mm_cmpeq_epi32(magnitude, inf32));
+        const __m128i to_zero = _mm_or_si128(_mm_or_si128(is_zero, tiny), _mm_cmplt_epi32(magnitude, zero_below));
+        res = _mm_blendv_epi8(res, _mm_blendv_epi8(zero0, zero1, negative), to_zero);
+        res = _mm_blendv_epi8(res, _mm_blendv_epi8(over0, over1, negative), over);
+        res = _mm_blendv_epi8(res, _mm_blendv_epi8(inf0, inf1, negative), is_inf);
+        res = _mm_blendv_epi8(res, _mm_blendv_epi8(nan0, nan1, negative), is_nan);
+        if (left < 4) {
+            uint32_t last[4];
+            _mm_storeu_si128((__m128i *)last, res);
+            memcpy(out + i, last, (size_t)left * sizeof(uint32_t));
+        } else {
+            _mm_storeu_si128((__m128i *)(out + i), res);
+        }
+    }
+#undef NARROW_MASK
+    _mm_setcsr(saved);
+}
+
+static int has_cast(void) { return __builtin_cpu_supports("avx2") ? 1 : 0; }
+#else
+static void cast_chunk(const kernel_t *k, const uint64_t *src, uint32_t *out, Py_ssize_t n) {
+    (void)k, (void)src, (void)out, (void)n; /* (never called: has_cast() is 0, and check() refuses the parameters) */
+}
+static int has_cast(void) { return 0; }
 #endif
 
 static size_t input_size(int64_t input, int64_t width) {
@@ -580,7 +649,7 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
         const uint32_t *second = k->rand_bits > 32 ? u1 : u0; /* U's second word, where it is needed */      \
         for (Py_ssize_t start = 0; start < n; start += CHUNK) {                                               \
             const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;                                       \
-            memset(general, 0, sizeof general);                                                               \
+            int general_ready = 0; /* general[] written for this chunk (cleared only where it is used) */     \
             /* 1. decompose: the working float's bits */                                                     \
             const word_t *w = (const word_t *)src + start;                                                    \
             int needs_general = 0;                                                                            \
@@ -592,6 +661,7 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
                 w = work;                                                                                     \
             } else if (k->input != IN_WORKING) {                                                              \
                 needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
+                general_ready = 1;                                                                            \
                 w = work;                                                                                     \
             }                                                                                                \
             if (stochastic) {                                                                                 \
@@ -603,12 +673,17 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
             word_t ties = 0;                                                                                  \
             const Py_ssize_t n_below = band(k, w, u0, second, out, below, m, 0, &ties);                        \
             if (n_below && k->below_general) {                                                                \
+                if (!general_ready) memset(general, 0, sizeof general);                                       \
+                general_ready = 1;                                                                            \
                 for (Py_ssize_t i = 0; i < m; i++) general[i] |= below[i];                                    \
                 needs_general = 1;                                                                            \
             } else if (n_below) {                                                                             \
                 below_band(k, w, u0, second, out, below, m, n_below, &ties);                                  \
             }                                                                                                \
-            if (ties) ties_of_##W_(k, w, u0, second, below, general, m);                                      \
+            if (ties) {                                                                                       \
+                if (!general_ready) memset(general, 0, sizeof general);                                       \
+                ties_of_##W_(k, w, u0, second, below, general, m);                                            \
+            }                                                                                                \
             if (needs_general || ties) {                                                                      \
                 for (Py_ssize_t i = 0; i < m; i++) {                                                          \
                     if (!general[i]) continue;                                                                \
@@ -625,6 +700,18 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
 DEFINE_RUN(32, uint32_t)
 DEFINE_RUN(64, uint64_t)
 
+/* The driver of the hardware's conversion (k->cast): chunk by chunk, float64 values through float32's. */
+static void run_cast(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {
+    uint32_t results[CHUNK];
+    const int direct = output_size(k) == sizeof(uint32_t); /* codes and float32 values: the same bits */
+    for (Py_ssize_t start = 0; start < n; start += CHUNK) {
+        const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;
+        uint32_t *out = direct ? (uint32_t *)dst + start : results;
+        cast_chunk(k, (const uint64_t *)src + start, out, m);
+        if (!direct) store(k, out, dst, start, m);
+    }
+}
+
 /* ------------------------------------------------ the module */
 /* Why the parameters (and the buffers' sizes in bytes) do not fit each other, or NULL. `blocks`: the
    parameters of round_blocks (float32 input divided into float64, rounded to odd: deterministic modes). */
@@ -632,6 +719,16 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
                          int blocks) {
     if (params_len != (Py_ssize_t)sizeof *k)
         return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
+    const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
+    if (k->input >= 0 && k->input < IN_COUNT && (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)))
+        return "buffer sizes do not match";
+    if (k->cast) /* the hardware's rounding directions, and odd */
+        return blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
+                       (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN &&
+                        k->mode != ODD) ||
+                       k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4)
+                   ? "parameters out of range"
+                   : NULL;
     const int P_ = k->width == 32 ? 23 : 52;
     const int narrowed = k->input == (blocks ? IN_F32 : IN_F64) && k->mode != STOCHASTIC;
     if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
@@ -643,8 +740,6 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
         k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) || k->man_bits < 0 ||
         k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63)
         return "parameters out of range";
-    const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
-    if (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)) return "buffer sizes do not match";
     return NULL;
 }
 
@@ -657,7 +752,8 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
     if (!problem) {
         const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
         Py_BEGIN_ALLOW_THREADS
-        if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
+        if (k.cast) run_cast(&k, src.buf, dst.buf, n);
+        else if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
         else run_64(&k, src.buf, dst.buf, n, NULL, 1, 0);
         Py_END_ALLOW_THREADS
     }
@@ -780,7 +876,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastround",
 
 PyMODINIT_FUNC PyInit__fastround(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "KERNEL_FIELDS", kernel_fields) < 0) {
+    if (m && (PyModule_AddStringConstant(m, "KERNEL_FIELDS", kernel_fields) < 0 ||
+              PyModule_AddIntConstant(m, "HARDWARE_CAST", has_cast()) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
