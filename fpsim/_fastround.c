@@ -472,54 +472,60 @@ static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, 
    the mode's rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
    flush_subnormal_outputs); an input below min normal with flush_subnormal_inputs. */
 #if defined(__GNUC__) && defined(__x86_64__)
+#define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)))
+/* Four elements: x, their float64 bits, into float32 bits (MXCSR set by the caller). The common case, a
+   normal float32 result of a normal float32 input, takes no answer (one test for the four). */
+__attribute__((target("avx2"))) static ALWAYS_INLINE __m128i cast_four(const kernel_t *k, const int odd, __m256d x) {
+    const __m128 y = _mm256_cvtpd_ps(x);
+    __m128i res = _mm_castps_si128(y);
+    if (odd) res = _mm_or_si128(res, _mm_srli_epi32(NARROW_MASK(_mm256_castpd_si256(
+                                                    _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ))), 31));
+    const __m256i a = _mm256_and_si256(_mm256_castpd_si256(x), _mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m128i magnitude = _mm_and_si128(res, _mm_set1_epi32(0x7fffffff));
+    const __m256i tiny64 = _mm256_set1_epi64x(0x3810000000000000LL), huge64 = _mm256_set1_epi64x(0x47efffffffffffffLL);
+    const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi64(tiny64, a), _mm256_cmpgt_epi64(a, huge64)); /* [2^-126, 2^128) */
+    const __m128i normal = _mm_and_si128(_mm_cmpgt_epi32(magnitude, _mm_set1_epi32(0x007fffff)),
+                                         _mm_cmpgt_epi32(_mm_set1_epi32(0x7f800000), magnitude));
+    if (_mm_movemask_epi8(_mm_andnot_si128(NARROW_MASK(outside), normal)) == 0xFFFF) return res;
+    const __m128i is_nan = NARROW_MASK(_mm256_cmpgt_epi64(a, _mm256_set1_epi64x(0x7ff0000000000000LL)));
+    const __m128i is_inf = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_set1_epi64x(0x7ff0000000000000LL)));
+    const __m128i is_zero = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_setzero_si256()));
+    const __m128i tiny = _mm_and_si128(NARROW_MASK(_mm256_cmpgt_epi64(tiny64, a)), _mm_set1_epi32(-(int)!!k->flush_inputs));
+    const __m128i negative = _mm_srai_epi32(res, 31);
+    const __m128i over = _mm_or_si128(NARROW_MASK(_mm256_cmpgt_epi64(a, huge64)),
+                                      _mm_cmpeq_epi32(magnitude, _mm_set1_epi32(0x7f800000)));
+    const __m128i to_zero = _mm_or_si128(_mm_or_si128(is_zero, tiny), _mm_cmplt_epi32(magnitude, _mm_set1_epi32((int)k->zero_below)));
+#define ANSWER(POS, NEG) _mm_blendv_epi8(_mm_set1_epi32((int)k->POS), _mm_set1_epi32((int)k->NEG), negative)
+    res = _mm_blendv_epi8(res, ANSWER(zero_pos, zero_neg), to_zero);
+    res = _mm_blendv_epi8(res, ANSWER(over_pos, over_neg), over);
+    res = _mm_blendv_epi8(res, ANSWER(inf_pos, inf_neg), is_inf);
+    return _mm_blendv_epi8(res, ANSWER(nan_pos, nan_neg), is_nan);
+#undef ANSWER
+}
+#undef NARROW_MASK
+
+__attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel_t *k, const int odd,
+                                                                     const uint64_t *restrict src,
+                                                                     uint32_t *restrict out, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_storeu_si128((__m128i *)(out + i), cast_four(k, odd, _mm256_loadu_pd((const double *)src + i)));
+    if (i < n) { /* the last one to three */
+        double last[4] = {0.0, 0.0, 0.0, 0.0};
+        uint32_t res[4];
+        memcpy(last, src + i, (size_t)(n - i) * sizeof(double));
+        _mm_storeu_si128((__m128i *)res, cast_four(k, odd, _mm256_loadu_pd(last)));
+        memcpy(out + i, res, (size_t)(n - i) * sizeof(uint32_t));
+    }
+}
+
 __attribute__((target("avx2"))) static void cast_chunk(const kernel_t *k, const uint64_t *restrict src,
                                                        uint32_t *restrict out, Py_ssize_t n) {
     static const unsigned rounding_control[MODE_COUNT] = {
         [NEAREST_EVEN] = 0x0000u, [DOWN] = 0x2000u, [UP] = 0x4000u, [TOWARD_ZERO] = 0x6000u, [ODD] = 0x6000u};
     const unsigned saved = _mm_getcsr();
     _mm_setcsr(0x1F80u | rounding_control[k->mode]); /* all exceptions masked, no flush to zero */
-    const __m256i even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    const __m256i abs64 = _mm256_set1_epi64x(0x7fffffffffffffffLL), inf64 = _mm256_set1_epi64x(0x7ff0000000000000LL);
-    const __m256i huge64 = _mm256_set1_epi64x(0x47efffffffffffffLL); /* below 2^128 */
-    const __m256i tiny64 = _mm256_set1_epi64x(0x3810000000000000LL); /* 2^-126 */
-    const __m128i abs32 = _mm_set1_epi32(0x7fffffff), inf32 = _mm_set1_epi32(0x7f800000), one = _mm_set1_epi32(1);
-    const __m128i zero_below = _mm_set1_epi32((int)k->zero_below), flush_inputs = _mm_set1_epi32(-(int)!!k->flush_inputs);
-    const __m128i over0 = _mm_set1_epi32((int)k->over_pos), over1 = _mm_set1_epi32((int)k->over_neg);
-    const __m128i inf0 = _mm_set1_epi32((int)k->inf_pos), inf1 = _mm_set1_epi32((int)k->inf_neg);
-    const __m128i nan0 = _mm_set1_epi32((int)k->nan_pos), nan1 = _mm_set1_epi32((int)k->nan_neg);
-    const __m128i zero0 = _mm_set1_epi32((int)k->zero_pos), zero1 = _mm_set1_epi32((int)k->zero_neg);
-    const int odd = k->mode == ODD;
-#define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), even_lanes)) /* 4 x 64 -> 4 x 32 */
-    for (Py_ssize_t i = 0; i < n; i += 4) {
-        double tail[4] = {0.0, 0.0, 0.0, 0.0};
-        const Py_ssize_t left = n - i < 4 ? n - i : 4;
-        if (left < 4) memcpy(tail, src + i, (size_t)left * sizeof(double));
-        const __m256d x = left < 4 ? _mm256_loadu_pd(tail) : _mm256_loadu_pd((const double *)src + i);
-        const __m128 y = _mm256_cvtpd_ps(x);
-        __m128i res = _mm_castps_si128(y);
-        if (odd) res = _mm_or_si128(res, _mm_and_si128(NARROW_MASK(_mm256_castpd_si256(
-                                                        _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ))), one));
-        const __m256i a = _mm256_and_si256(_mm256_castpd_si256(x), abs64);
-        const __m128i is_nan = NARROW_MASK(_mm256_cmpgt_epi64(a, inf64));
-        const __m128i is_inf = NARROW_MASK(_mm256_cmpeq_epi64(a, inf64));
-        const __m128i is_zero = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_setzero_si256()));
-        const __m128i tiny = _mm_and_si128(NARROW_MASK(_mm256_cmpgt_epi64(tiny64, a)), flush_inputs);
-        const __m128i magnitude = _mm_and_si128(res, abs32), negative = _mm_srai_epi32(res, 31);
-        const __m128i over = _mm_or_si128(NARROW_MASK(_mm256_cmpgt_epi64(a, huge64)), _mm_cmpeq_epi32(magnitude, inf32));
-        const __m128i to_zero = _mm_or_si128(_mm_or_si128(is_zero, tiny), _mm_cmplt_epi32(magnitude, zero_below));
-        res = _mm_blendv_epi8(res, _mm_blendv_epi8(zero0, zero1, negative), to_zero);
-        res = _mm_blendv_epi8(res, _mm_blendv_epi8(over0, over1, negative), over);
-        res = _mm_blendv_epi8(res, _mm_blendv_epi8(inf0, inf1, negative), is_inf);
-        res = _mm_blendv_epi8(res, _mm_blendv_epi8(nan0, nan1, negative), is_nan);
-        if (left < 4) {
-            uint32_t last[4];
-            _mm_storeu_si128((__m128i *)last, res);
-            memcpy(out + i, last, (size_t)left * sizeof(uint32_t));
-        } else {
-            _mm_storeu_si128((__m128i *)(out + i), res);
-        }
-    }
-#undef NARROW_MASK
+    if (k->mode == ODD) cast_loop(k, 1, src, out, n);
+    else cast_loop(k, 0, src, out, n);
     _mm_setcsr(saved);
 }
 
@@ -700,15 +706,17 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
 DEFINE_RUN(32, uint32_t)
 DEFINE_RUN(64, uint64_t)
 
-/* The driver of the hardware's conversion (k->cast): chunk by chunk, float64 values through float32's. */
+/* The driver of the hardware's conversion (k->cast): float64 values chunk by chunk, through float32's. */
 static void run_cast(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {
     uint32_t results[CHUNK];
-    const int direct = output_size(k) == sizeof(uint32_t); /* codes and float32 values: the same bits */
+    if (output_size(k) == sizeof(uint32_t)) { /* codes and float32 values: the same bits, straight into dst */
+        cast_chunk(k, src, dst, n);
+        return;
+    }
     for (Py_ssize_t start = 0; start < n; start += CHUNK) {
         const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;
-        uint32_t *out = direct ? (uint32_t *)dst + start : results;
-        cast_chunk(k, (const uint64_t *)src + start, out, m);
-        if (!direct) store(k, out, dst, start, m);
+        cast_chunk(k, (const uint64_t *)src + start, results, m);
+        store(k, results, dst, start, m);
     }
 }
 

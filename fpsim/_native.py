@@ -151,6 +151,7 @@ def _edge_answers(fmt: Format, options: tuple, width: int, codes: bool) -> tuple
     return tuple(answers)
 
 
+@functools.lru_cache(maxsize=256)  # (about 100 us to build: as long as rounding 100,000 elements)
 def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, rand_bits, key, width, input_kind,
                   output, code_bytes) -> bytes:
     """The kernel's parameters (kernel_t in _fastround.c), packed: every number the kernel uses, from `fmt`."""
