@@ -36,6 +36,8 @@
  * elements that need it: stochastic ties, integers beyond 2^53, inputs below
  * the working float's min normal where the format is still normal there, as
  * float32 subnormals for E8M0), then one store into the caller's type.
+ * Float64 input into float32's own format skips the passes: the hardware's
+ * conversion rounds it (cast_chunk), and the edge inputs take their answers.
  * Block formats (fpsim/block_codec.py) enter through round_blocks: step 1
  * then divides float32 input by one scale per block (divide_chunk) before the
  * same passes, and block_amax gives each block's largest magnitude. Steps 2 to 4 of the two passes are written

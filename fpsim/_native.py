@@ -4,7 +4,8 @@ The kernel rounds float32, float64 and integer numpy arrays (torch CPU tensors
 through their numpy view) in every mode, for formats inside the working
 float's range: float32 input works in float32 for formats whose normal range
 float32 holds, and so does float64 input where rounding it to odd at float32's
-precision first is exact (see route); the other float64 cases, integers and
+precision first is exact (see route), or where the format is float32's own (the
+hardware's conversion, in every mode it has, and odd); the other float64 cases, integers and
 the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
 an unsigned format) as data computed here by the numpy engine, and draws its
 stochastic-rounding words from the same Philox stream as the engine
