@@ -729,27 +729,25 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
                          int blocks) {
     if (params_len != (Py_ssize_t)sizeof *k)
         return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
-    const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
-    if (k->input >= 0 && k->input < IN_COUNT && (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)))
-        return "buffer sizes do not match";
-    if (k->cast) /* the hardware's rounding directions, and odd */
-        return blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
-                       (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN &&
-                        k->mode != ODD) ||
-                       k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4)
-                   ? "parameters out of range"
-                   : NULL;
     const int P_ = k->width == 32 ? 23 : 52;
     const int narrowed = k->input == (blocks ? IN_F32 : IN_F64) && k->mode != STOCHASTIC;
-    if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
-        k->band_mode >= MODE_COUNT || k->input < 0 || k->input >= IN_COUNT ||
-        (k->width == 32 && k->input != IN_WORKING && !narrowed) || (blocks && (k->width != 32 || !narrowed)) ||
-        k->output < OUT_F32 || k->output > OUT_CODES ||
-        (k->output == OUT_CODES && k->code_bytes != 1 && k->code_bytes != 2 && k->code_bytes != 4 &&
-         !(k->code_bytes == 8 && k->width == 64)) ||
-        k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) || k->man_bits < 0 ||
-        k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63)
+    if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
+        if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
+            (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN && k->mode != ODD) ||
+            k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4))
+            return "parameters out of range";
+    } else if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
+               k->band_mode >= MODE_COUNT || k->input < 0 || k->input >= IN_COUNT ||
+               (k->width == 32 && k->input != IN_WORKING && !narrowed) || (blocks && (k->width != 32 || !narrowed)) ||
+               k->output < OUT_F32 || k->output > OUT_CODES ||
+               (k->output == OUT_CODES && k->code_bytes != 1 && k->code_bytes != 2 && k->code_bytes != 4 &&
+                !(k->code_bytes == 8 && k->width == 64)) ||
+               k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) ||
+               k->man_bits < 0 || k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63) {
         return "parameters out of range";
+    }
+    const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
+    if (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)) return "buffer sizes do not match";
     return NULL;
 }
 

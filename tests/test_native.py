@@ -9,10 +9,13 @@ each 8-bit format), on every integer dtype's edge values, for every preset the k
 every mode, saturate and both flush options; also through quantize/encode and torch CPU tensors.
 The engine itself is held to the exact oracle in test_rounding.py and test_stochastic.py; the
 integer cases and the kernel's general path (stochastic ties, integers beyond 2^53) are also
-held to the oracle (fpsim.exact) here directly.
+held to the oracle (fpsim.exact) here directly, and so is float64 input into float32's own format
+(the hardware's conversion), also held to numpy's astype(float32) for nearest-even.
 """
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 import pytest
@@ -212,6 +215,30 @@ def test_hardware_cast_of_float64_into_float32s_format(fmt, rounding):
     for output in (np.float32, np.float64):  # values of both dtypes, through the kernel's store
         assert_same_bits(_native.run(x, fmt, rounding=rounding, saturate=False, flush_inputs=False,
                                      flush_outputs=False, values_dtype=output), got.astype(output), inputs=x)
+
+
+def test_kernel_refuses_the_cast_outside_the_hardwares_modes():
+    """The kernel's check (_fastround.c): parameters asking for the hardware's conversion in a mode it
+    lacks, from another input, or into codes of another width, are refused rather than rounded."""
+    from fpsim import _fastround
+    from fpsim.modes import MODES
+
+    x = np.linspace(-3.0, 3.0, 8)
+    params = _native.kernel_params(PRESETS["fp32"], rounding="nearest_even", saturate=False, flush_inputs=False,
+                                   flush_outputs=False, rand_bits=None, key=None, width=32, input_kind="float64",
+                                   output="codes", code_bytes=4)
+    names, codes = zip(*(field.split(":") for field in _fastround.KERNEL_FIELDS.split()))
+    layout = "=" + "".join(codes)
+    values = dict(zip(names, struct.unpack(layout, params)))
+    assert values["cast"] == 1
+    dst = np.empty(x.size, dtype=np.uint32)
+    _fastround.round_array(x.view(np.uint8), dst.view(np.uint8), params)
+    assert_same_codes(dst, x.astype(np.float32).view(np.uint32))
+    for change in ({"mode": MODES["nearest_away"].kernel_id}, {"mode": MODES["stochastic"].kernel_id},
+                   {"input": 1}, {"width": 64}, {"code_bytes": 2}, {"cast": 2}):
+        bad = struct.pack(layout, *(dict(values, **change)[name] for name in names))
+        with pytest.raises(ValueError, match="out of range"):
+            _fastround.round_array(x.view(np.uint8), dst.view(np.uint8), bad)
 
 
 STOCHASTIC_RAND_BITS = [None, 1, 3, 8, 13, 23, 26, 32, 33, 52]
