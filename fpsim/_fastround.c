@@ -36,6 +36,8 @@
  * elements that need it: stochastic ties, integers beyond 2^53, inputs below
  * the working float's min normal where the format is still normal there, as
  * float32 subnormals for E8M0), then one store into the caller's type.
+ * Float64 input into float32's own format skips the passes: the hardware's
+ * conversion rounds it (cast_chunk), and the edge inputs take their answers.
  * Block formats (fpsim/block_codec.py) enter through round_blocks: step 1
  * then divides float32 input by one scale per block (divide_chunk) before the
  * same passes, and block_amax gives each block's largest magnitude. Steps 2 to 4 of the two passes are written
@@ -101,7 +103,9 @@ enum { EXACT_DRAW, TRUNCATED_DRAW, WIDE_DRAW };
     X(int64_t, top_exp, "q")         /* max = max_significand * 2^top_exp */                                \
     X(uint64_t, max_significand, "Q")                                                                       \
     X(int64_t, subnormals, "q")                                                                             \
-    X(int64_t, flush_outputs, "q")
+    X(int64_t, flush_outputs, "q")                                                                          \
+    X(int64_t, cast, "q")            /* 1: float64 input into float32's own format, converted by the        \
+                                        hardware (cast_chunk); the answers are float32 bits or codes */
 
 #define DECLARE_FIELD(TYPE, NAME, CODE) TYPE NAME;
 typedef struct {
@@ -379,7 +383,8 @@ static int decompose_exact(const kernel_t *k, const void *src, Py_ssize_t i, uin
 }
 
 /* ------------------------------------------------ step 1 for inputs of another type than the working float */
-/* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path. */
+/* Working float64 bits of a chunk; integers beyond 2^53 are marked for the general path (general[i]: 1,
+   else 0). */
 static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_t n, uint64_t *out,
                  uint64_t *general) {
     int any = 0;
@@ -389,7 +394,7 @@ static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_
         const double d = (double)v;                                                                       \
         const int big = BIG;                                                                              \
         memcpy(&out[i], &d, sizeof d);                                                                    \
-        general[i] |= (uint64_t)big;                                                                       \
+        general[i] = (uint64_t)big;                                                                        \
         any |= big;                                                                                       \
     }                                                                                                    \
     break;
@@ -460,6 +465,78 @@ static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, 
 }
 #else
 #define narrow_to_odd narrow_to_odd_plain
+#endif
+
+/* Float64 input into float32's own format (fpsim/_native.py _casts): one conversion by the hardware in the
+   mode's rounding direction (MXCSR; odd: toward zero, then the last bit set where converting back differs, as
+   narrow_to_odd), then the engine's answers where the kernel's passes would give them: a NaN, Inf or zero
+   input; overflow (a finite input of 2^128 or more, or one the conversion took to Inf, which is exactly where
+   the mode's rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
+   flush_subnormal_outputs); an input below min normal with flush_subnormal_inputs. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)))
+/* Four elements: x, their float64 bits, into float32 bits (MXCSR set by the caller). The common case, a
+   normal float32 result of a normal float32 input, takes no answer (one test for the four). */
+__attribute__((target("avx2"))) static ALWAYS_INLINE __m128i cast_four(const kernel_t *k, const int odd, __m256d x) {
+    const __m128 y = _mm256_cvtpd_ps(x);
+    __m128i res = _mm_castps_si128(y);
+    if (odd) res = _mm_or_si128(res, _mm_srli_epi32(NARROW_MASK(_mm256_castpd_si256(
+                                                    _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ))), 31));
+    const __m256i a = _mm256_and_si256(_mm256_castpd_si256(x), _mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m128i magnitude = _mm_and_si128(res, _mm_set1_epi32(0x7fffffff));
+    const __m256i tiny64 = _mm256_set1_epi64x(0x3810000000000000LL), huge64 = _mm256_set1_epi64x(0x47efffffffffffffLL);
+    const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi64(tiny64, a), _mm256_cmpgt_epi64(a, huge64)); /* [2^-126, 2^128) */
+    const __m128i normal = _mm_and_si128(_mm_cmpgt_epi32(magnitude, _mm_set1_epi32(0x007fffff)),
+                                         _mm_cmpgt_epi32(_mm_set1_epi32(0x7f800000), magnitude));
+    if (_mm_movemask_epi8(_mm_andnot_si128(NARROW_MASK(outside), normal)) == 0xFFFF) return res;
+    const __m128i is_nan = NARROW_MASK(_mm256_cmpgt_epi64(a, _mm256_set1_epi64x(0x7ff0000000000000LL)));
+    const __m128i is_inf = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_set1_epi64x(0x7ff0000000000000LL)));
+    const __m128i is_zero = NARROW_MASK(_mm256_cmpeq_epi64(a, _mm256_setzero_si256()));
+    const __m128i tiny = _mm_and_si128(NARROW_MASK(_mm256_cmpgt_epi64(tiny64, a)), _mm_set1_epi32(-(int)!!k->flush_inputs));
+    const __m128i negative = _mm_srai_epi32(res, 31);
+    const __m128i over = _mm_or_si128(NARROW_MASK(_mm256_cmpgt_epi64(a, huge64)),
+                                      _mm_cmpeq_epi32(magnitude, _mm_set1_epi32(0x7f800000)));
+    const __m128i to_zero = _mm_or_si128(_mm_or_si128(is_zero, tiny), _mm_cmplt_epi32(magnitude, _mm_set1_epi32((int)k->zero_below)));
+#define ANSWER(POS, NEG) _mm_blendv_epi8(_mm_set1_epi32((int)k->POS), _mm_set1_epi32((int)k->NEG), negative)
+    res = _mm_blendv_epi8(res, ANSWER(zero_pos, zero_neg), to_zero);
+    res = _mm_blendv_epi8(res, ANSWER(over_pos, over_neg), over);
+    res = _mm_blendv_epi8(res, ANSWER(inf_pos, inf_neg), is_inf);
+    return _mm_blendv_epi8(res, ANSWER(nan_pos, nan_neg), is_nan);
+#undef ANSWER
+}
+#undef NARROW_MASK
+
+__attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel_t *k, const int odd,
+                                                                     const uint64_t *restrict src,
+                                                                     uint32_t *restrict out, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_storeu_si128((__m128i *)(out + i), cast_four(k, odd, _mm256_loadu_pd((const double *)src + i)));
+    if (i < n) { /* the last one to three */
+        double last[4] = {0.0, 0.0, 0.0, 0.0};
+        uint32_t res[4];
+        memcpy(last, src + i, (size_t)(n - i) * sizeof(double));
+        _mm_storeu_si128((__m128i *)res, cast_four(k, odd, _mm256_loadu_pd(last)));
+        memcpy(out + i, res, (size_t)(n - i) * sizeof(uint32_t));
+    }
+}
+
+__attribute__((target("avx2"))) static void cast_chunk(const kernel_t *k, const uint64_t *restrict src,
+                                                       uint32_t *restrict out, Py_ssize_t n) {
+    static const unsigned rounding_control[MODE_COUNT] = {
+        [NEAREST_EVEN] = 0x0000u, [DOWN] = 0x2000u, [UP] = 0x4000u, [TOWARD_ZERO] = 0x6000u, [ODD] = 0x6000u};
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(0x1F80u | rounding_control[k->mode]); /* all exceptions masked, no flush to zero */
+    if (k->mode == ODD) cast_loop(k, 1, src, out, n);
+    else cast_loop(k, 0, src, out, n);
+    _mm_setcsr(saved);
+}
+
+static int has_cast(void) { return __builtin_cpu_supports("avx2") ? 1 : 0; }
+#else
+static void cast_chunk(const kernel_t *k, const uint64_t *src, uint32_t *out, Py_ssize_t n) {
+    (void)k, (void)src, (void)out, (void)n; /* (never called: has_cast() is 0, and check() refuses the parameters) */
+}
+static int has_cast(void) { return 0; }
 #endif
 
 static size_t input_size(int64_t input, int64_t width) {
@@ -580,7 +657,7 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
         const uint32_t *second = k->rand_bits > 32 ? u1 : u0; /* U's second word, where it is needed */      \
         for (Py_ssize_t start = 0; start < n; start += CHUNK) {                                               \
             const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;                                       \
-            memset(general, 0, sizeof general);                                                               \
+            int general_ready = 0; /* general[] written for this chunk (cleared only where it is used) */     \
             /* 1. decompose: the working float's bits */                                                     \
             const word_t *w = (const word_t *)src + start;                                                    \
             int needs_general = 0;                                                                            \
@@ -592,6 +669,7 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
                 w = work;                                                                                     \
             } else if (k->input != IN_WORKING) {                                                              \
                 needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
+                general_ready = 1;                                                                            \
                 w = work;                                                                                     \
             }                                                                                                \
             if (stochastic) {                                                                                 \
@@ -603,12 +681,17 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
             word_t ties = 0;                                                                                  \
             const Py_ssize_t n_below = band(k, w, u0, second, out, below, m, 0, &ties);                        \
             if (n_below && k->below_general) {                                                                \
+                if (!general_ready) memset(general, 0, sizeof general);                                       \
+                general_ready = 1;                                                                            \
                 for (Py_ssize_t i = 0; i < m; i++) general[i] |= below[i];                                    \
                 needs_general = 1;                                                                            \
             } else if (n_below) {                                                                             \
                 below_band(k, w, u0, second, out, below, m, n_below, &ties);                                  \
             }                                                                                                \
-            if (ties) ties_of_##W_(k, w, u0, second, below, general, m);                                      \
+            if (ties) {                                                                                       \
+                if (!general_ready) memset(general, 0, sizeof general);                                       \
+                ties_of_##W_(k, w, u0, second, below, general, m);                                            \
+            }                                                                                                \
             if (needs_general || ties) {                                                                      \
                 for (Py_ssize_t i = 0; i < m; i++) {                                                          \
                     if (!general[i]) continue;                                                                \
@@ -625,6 +708,20 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
 DEFINE_RUN(32, uint32_t)
 DEFINE_RUN(64, uint64_t)
 
+/* The driver of the hardware's conversion (k->cast): float64 values chunk by chunk, through float32's. */
+static void run_cast(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {
+    uint32_t results[CHUNK];
+    if (output_size(k) == sizeof(uint32_t)) { /* codes and float32 values: the same bits, straight into dst */
+        cast_chunk(k, src, dst, n);
+        return;
+    }
+    for (Py_ssize_t start = 0; start < n; start += CHUNK) {
+        const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;
+        cast_chunk(k, (const uint64_t *)src + start, results, m);
+        store(k, results, dst, start, m);
+    }
+}
+
 /* ------------------------------------------------ the module */
 /* Why the parameters (and the buffers' sizes in bytes) do not fit each other, or NULL. `blocks`: the
    parameters of round_blocks (float32 input divided into float64, rounded to odd: deterministic modes). */
@@ -634,15 +731,21 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
         return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
     const int P_ = k->width == 32 ? 23 : 52;
     const int narrowed = k->input == (blocks ? IN_F32 : IN_F64) && k->mode != STOCHASTIC;
-    if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
-        k->band_mode >= MODE_COUNT || k->input < 0 || k->input >= IN_COUNT ||
-        (k->width == 32 && k->input != IN_WORKING && !narrowed) || (blocks && (k->width != 32 || !narrowed)) ||
-        k->output < OUT_F32 || k->output > OUT_CODES ||
-        (k->output == OUT_CODES && k->code_bytes != 1 && k->code_bytes != 2 && k->code_bytes != 4 &&
-         !(k->code_bytes == 8 && k->width == 64)) ||
-        k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) || k->man_bits < 0 ||
-        k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63)
+    if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
+        if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
+            (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN && k->mode != ODD) ||
+            k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4))
+            return "parameters out of range";
+    } else if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||
+               k->band_mode >= MODE_COUNT || k->input < 0 || k->input >= IN_COUNT ||
+               (k->width == 32 && k->input != IN_WORKING && !narrowed) || (blocks && (k->width != 32 || !narrowed)) ||
+               k->output < OUT_F32 || k->output > OUT_CODES ||
+               (k->output == OUT_CODES && k->code_bytes != 1 && k->code_bytes != 2 && k->code_bytes != 4 &&
+                !(k->code_bytes == 8 && k->width == 64)) ||
+               k->drop < 1 || k->drop > P_ || k->rand_bits > (uint64_t)(k->width == 32 ? 32 : 52) ||
+               k->man_bits < 0 || k->man_bits > P_ - 1 || k->code_sign_shift < 0 || k->code_sign_shift > 63) {
         return "parameters out of range";
+    }
     const Py_ssize_t item = (Py_ssize_t)input_size(k->input, k->width);
     if (src_len % item || dst_len != src_len / item * (Py_ssize_t)output_size(k)) return "buffer sizes do not match";
     return NULL;
@@ -657,7 +760,8 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
     if (!problem) {
         const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
         Py_BEGIN_ALLOW_THREADS
-        if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
+        if (k.cast) run_cast(&k, src.buf, dst.buf, n);
+        else if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
         else run_64(&k, src.buf, dst.buf, n, NULL, 1, 0);
         Py_END_ALLOW_THREADS
     }
@@ -780,7 +884,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastround",
 
 PyMODINIT_FUNC PyInit__fastround(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "KERNEL_FIELDS", kernel_fields) < 0) {
+    if (m && (PyModule_AddStringConstant(m, "KERNEL_FIELDS", kernel_fields) < 0 ||
+              PyModule_AddIntConstant(m, "HARDWARE_CAST", has_cast()) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -168,9 +168,9 @@ static ALWAYS_INLINE word_t FN(below_one)(const int mode, const int codes, const
     return FN(sel)(s & f->unsigned_format & !f->flush_inputs, f->negative, res);
 }
 
-/* The passes over a chunk. band: every element; returns how many are below min normal (marked in
-   `below`). below: those n_below elements, in a vectorised loop over the chunk when they are many,
-   else one by one. Both set *ties when some element of the chunk needs the general path (ties_of
+/* The passes over a chunk (n <= CHUNK). band: every element; returns how many are below min normal
+   (marked in `below`). below: those n_below elements, in a vectorised loop over the chunk when they
+   are many, else one by one. Both set *ties when some element of the chunk needs the general path (ties_of
    then finds which: they are rare, 2^-32 per element). */
 #define PASS_ARGS                                                                                        \
     const kernel_t *k, const word_t *restrict src, const uint32_t *restrict u0, const uint32_t *restrict u1, \
@@ -203,12 +203,18 @@ static ALWAYS_INLINE Py_ssize_t FN(below_loop)(const int mode, const int codes, 
             out[i] = FN(sel)(take, res, out[i]);
             any_tie |= take & tie;
         }
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!below[i]) continue;
-            word_t tie;
-            out[i] = FN(below_one)(mode, codes, draw, f, src[i], u0[i], u1[i], &tie);
-            any_tie |= tie;
+    } else { /* groups of 16 that hold one: testing below[i] alone, the compiler vectorises the test away */
+        for (Py_ssize_t g = 0; g < n; g += 16) {
+            const Py_ssize_t end = g + 16 < n ? g + 16 : n;
+            word_t any = 0;
+            for (Py_ssize_t i = g; i < end; i++) any |= below[i];
+            if (!any) continue;
+            for (Py_ssize_t i = g; i < end; i++) {
+                if (!below[i]) continue;
+                word_t tie;
+                out[i] = FN(below_one)(mode, codes, draw, f, src[i], u0[i], u1[i], &tie);
+                any_tie |= tie;
+            }
         }
     }
     *ties |= any_tie;

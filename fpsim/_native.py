@@ -4,7 +4,8 @@ The kernel rounds float32, float64 and integer numpy arrays (torch CPU tensors
 through their numpy view) in every mode, for formats inside the working
 float's range: float32 input works in float32 for formats whose normal range
 float32 holds, and so does float64 input where rounding it to odd at float32's
-precision first is exact (see route); the other float64 cases, integers and
+precision first is exact (see route), or where the format is float32's own (the
+hardware's conversion, in every mode it has, and odd); the other float64 cases, integers and
 the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
 an unsigned format) as data computed here by the numpy engine, and draws its
 stochastic-rounding words from the same Philox stream as the engine
@@ -72,11 +73,25 @@ def _fits(fmt: Format, width: int) -> bool:
             and fmt.max >= 2 ** (1 - bias))
 
 
+# the rounding modes the hardware's float64 -> float32 conversion has (odd: toward zero and a sticky bit)
+_CAST_MODES = ("nearest_even", "toward_zero", "up", "down", "odd")
+
+
+def _casts(fmt: Format, rounding: str) -> bool:
+    """Whether float64 input into `fmt` is the hardware's conversion to float32 (the kernel's cast_chunk):
+    float32's own values and code layout (its max, subnormals, a zero, a sign), in a mode the conversion has."""
+    fp32 = PRESETS["fp32"]
+    return (bool(_fastround.HARDWARE_CAST) and rounding in _CAST_MODES and fmt.bits == 32 and fmt.signed
+            and fmt.zero and fmt.subnormals and fmt.man_bits == fp32.man_bits and fmt.bias == fp32.bias
+            and fmt.emin == fp32.emin and fmt.max == fp32.max)
+
+
 def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
     """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply.
 
-    float64 input works in float32, rounded to odd first, where that is exact: deterministic modes
-    into formats of at most 21 mantissa bits whose finest spacing is 4 times float32's or more."""
+    float64 input works in float32 where that is exact: converted by the hardware into float32's own
+    format (_casts), else rounded to odd first, for deterministic modes into formats of at most 21
+    mantissa bits whose finest spacing is 4 times float32's or more."""
     dtype = np.dtype(dtype)
     if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
         return None
@@ -84,7 +99,8 @@ def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) ->
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
         return 32, "working"
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    if dtype == np.float64 and not stochastic and _fits(fmt, 32) and fmt.man_bits <= 21 and quantum_exp >= -147:
+    if dtype == np.float64 and (_casts(fmt, rounding) or (not stochastic and _fits(fmt, 32) and fmt.man_bits <= 21
+                                                          and quantum_exp >= -147)):
         return 32, "float64"
     if not _fits(fmt, 64):
         return None
@@ -135,6 +151,7 @@ def _edge_answers(fmt: Format, options: tuple, width: int, codes: bool) -> tuple
     return tuple(answers)
 
 
+@functools.lru_cache(maxsize=256)  # (about 100 us to build: as long as rounding 100,000 elements)
 def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_outputs, rand_bits, key, width, input_kind,
                   output, code_bytes) -> bytes:
     """The kernel's parameters (kernel_t in _fastround.c), packed: every number the kernel uses, from `fmt`."""
@@ -150,8 +167,16 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
     flush_outputs = bool(flush_outputs and fmt.zero)
     options = (("rounding", rounding), ("saturate", saturate), ("flush_inputs", flush_inputs),
                ("flush_outputs", flush_outputs), ("rand_bits", rand_bits))
+    cast = width == 32 and input_kind == "float64" and _casts(fmt, rounding)
+    if cast:  # float32's max does not overflow float32's format: the answers of float64 input, as float32 bits
+        edges = _edge_answers(fmt, options, 64, output == "codes")
+        if output != "codes":
+            edges = tuple(int(np.array(e, dtype=np.uint64).view(np.float64).astype(np.float32).view(np.uint32))
+                          for e in edges)
+    else:
+        edges = _edge_answers(fmt, options, width, output == "codes")
     answers = dict(zip(("over_pos", "over_neg", "inf_pos", "inf_neg", "nan_pos", "nan_neg", "zero_pos", "zero_neg",
-                        "negative"), _edge_answers(fmt, options, width, output == "codes")))
+                        "negative"), edges))
 
     def bits(value) -> int:
         return int(np.array(float(value), dtype=float_type).view(bits_type))
@@ -168,7 +193,7 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
         flush_inputs=int(flush_inputs), key=key or 0, rand_bits=(rand_bits or 0) if rounding == "stochastic" else 0,
         man_bits=M, emin=fmt.emin, bias=fmt.bias, quantum_exp=quantum_exp, top_exp=fmt.emax - M,
         max_significand=fmt.max_significand, subnormals=int(fmt.subnormals), flush_outputs=int(flush_outputs),
-        **answers)
+        cast=int(cast), **answers)
     names, codes = zip(*(field.split(":") for field in _fastround.KERNEL_FIELDS.split()))
     return struct.pack("=" + "".join(codes), *(values[name] for name in names))
 

@@ -9,10 +9,13 @@ each 8-bit format), on every integer dtype's edge values, for every preset the k
 every mode, saturate and both flush options; also through quantize/encode and torch CPU tensors.
 The engine itself is held to the exact oracle in test_rounding.py and test_stochastic.py; the
 integer cases and the kernel's general path (stochastic ties, integers beyond 2^53) are also
-held to the oracle (fpsim.exact) here directly.
+held to the oracle (fpsim.exact) here directly, and so is float64 input into float32's own format
+(the hardware's conversion), also held to numpy's astype(float32) for nearest-even.
 """
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 import pytest
@@ -86,7 +89,8 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float64, PRESETS["bf16"]) == (32, "float64")  # rounded to odd at float32's precision
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
     assert _native.route(np.float64, PRESETS["tf32"]) == (32, "float64")
-    assert _native.route(np.float64, PRESETS["fp32"]) == (64, "working")
+    assert _native.route(np.float64, PRESETS["fp32"]) == (32, "float64")  # the hardware's conversion (_casts)
+    assert _native.route(np.float64, PRESETS["fp32"], "nearest_away") == (64, "working")
     assert not _native.covers(np.float64, PRESETS["fp64"]) and not _native.covers(np.float16, PRESETS["e4m3"])
 
 
@@ -167,6 +171,75 @@ def test_kernel_matches_numpy_engine_for_formats_beyond_float32(fmt, rounding):
     for saturate in (False, True):
         for flush_in, flush_out in FLUSH[::3]:
             _compare(x, fmt, rounding, saturate, flush_in, flush_out, rand_bits=None)
+
+
+# float32's own format, whose float64 input the hardware converts (_native._casts), and a twin by fields
+FLOAT32_TWINS = [PRESETS["fp32"], Format(8, 23, name="e8m23")]
+CAST_MODES = ("nearest_even", "toward_zero", "up", "down", "odd")
+
+
+def _float32_edge_inputs() -> np.ndarray:
+    """float64 values at float32's rounding boundaries: each float32 (every exponent field, edge mantissas)
+    and its neighbours in float64 at one ulp, just below, at and just above half an ulp; the overflow
+    threshold 2^128 - 2^103 and 2^128 with their neighbours; float32's subnormals and below."""
+    f32 = _bit_pattern_inputs(seed=50, dtype=np.float32, n_random=2_000)
+    f32 = f32[np.isfinite(f32)].astype(np.float64)
+    with np.errstate(over="ignore"):  # (float32's max: its spacing overflows, the points are Inf)
+        ulp = np.spacing(np.abs(f32).astype(np.float32)).astype(np.float64)
+    points = [f32 + sign * ulp * t for sign in (1, -1) for t in (0.5, 1.0)]
+    points = np.concatenate([f32] + points)
+    points = np.concatenate([np.nextafter(points, np.inf), np.nextafter(points, -np.inf), points])
+    limits = np.array([2.0**128 - 2.0**103, 2.0**128, 2.0**-149, 2.0**-150, 2.0**-126, 1e-320, 5e-324, 1e308])
+    limits = np.concatenate([limits, np.nextafter(limits, 0), np.nextafter(limits, np.inf)])
+    return np.concatenate([points, limits, -limits])
+
+
+@pytest.mark.parametrize("fmt", FLOAT32_TWINS, ids=fmt_id)
+@pytest.mark.parametrize("rounding", CAST_MODES)
+def test_hardware_cast_of_float64_into_float32s_format(fmt, rounding):
+    """float64 input into float32's own format takes the hardware's conversion (route (32, "float64")),
+    where the kernel, the engine and (nearest-even) numpy's astype(float32) agree bit for bit on every
+    bit-pattern class and at float32's rounding boundaries, every option; and exact.round_value (the
+    oracle) agrees on the boundaries."""
+    assert _native.route(np.float64, fmt, rounding) == (32, "float64")
+    x = np.concatenate([_bit_pattern_inputs(seed=46, dtype=np.float64, n_random=4_000), _float32_edge_inputs()])
+    for saturate in (False, True):
+        for flush_in, flush_out in FLUSH:
+            _compare(x, fmt, rounding, saturate, flush_in, flush_out)
+    got = quantize(x, fmt, rounding)
+    if rounding == "nearest_even":
+        with np.errstate(over="ignore"):
+            assert_same_bits(got, x.astype(np.float32).astype(np.float64), inputs=x)
+    boundaries = _float32_edge_inputs()[::7]
+    expected = np.array([exact.round_value(float(v), fmt, rounding) for v in boundaries])
+    assert_same_bits(quantize(boundaries, fmt, rounding), expected, inputs=boundaries)
+    for output in (np.float32, np.float64):  # values of both dtypes, through the kernel's store
+        assert_same_bits(_native.run(x, fmt, rounding=rounding, saturate=False, flush_inputs=False,
+                                     flush_outputs=False, values_dtype=output), got.astype(output), inputs=x)
+
+
+def test_kernel_refuses_the_cast_outside_the_hardwares_modes():
+    """The kernel's check (_fastround.c): parameters asking for the hardware's conversion in a mode it
+    lacks, from another input, or into codes of another width, are refused rather than rounded."""
+    from fpsim import _fastround
+    from fpsim.modes import MODES
+
+    x = np.linspace(-3.0, 3.0, 8)
+    params = _native.kernel_params(PRESETS["fp32"], rounding="nearest_even", saturate=False, flush_inputs=False,
+                                   flush_outputs=False, rand_bits=None, key=None, width=32, input_kind="float64",
+                                   output="codes", code_bytes=4)
+    names, codes = zip(*(field.split(":") for field in _fastround.KERNEL_FIELDS.split()))
+    layout = "=" + "".join(codes)
+    values = dict(zip(names, struct.unpack(layout, params)))
+    assert values["cast"] == 1
+    dst = np.empty(x.size, dtype=np.uint32)
+    _fastround.round_array(x.view(np.uint8), dst.view(np.uint8), params)
+    assert_same_codes(dst, x.astype(np.float32).view(np.uint32))
+    for change in ({"mode": MODES["nearest_away"].kernel_id}, {"mode": MODES["stochastic"].kernel_id},
+                   {"input": 1}, {"width": 64}, {"code_bytes": 2}, {"cast": 2}):
+        bad = struct.pack(layout, *(dict(values, **change)[name] for name in names))
+        with pytest.raises(ValueError, match="out of range"):
+            _fastround.round_array(x.view(np.uint8), dst.view(np.uint8), bad)
 
 
 STOCHASTIC_RAND_BITS = [None, 1, 3, 8, 13, 23, 26, 32, 33, 52]
