@@ -14,13 +14,14 @@ setup(
         Extension(
             "fpsim._fastround",
             sources=["fpsim/_fastround.c"],
-            depends=["fpsim/_fastround_width.h"],
+            depends=["fpsim/_fastround_width.h", "fpsim/_fastcompile.h"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and use the numpy engine
         ),
         Extension(
             "fpsim._fastblocks",
             sources=["fpsim/_fastblocks.c"],
+            depends=["fpsim/_fastcompile.h"],
             # -fno-trapping-math: its element loops select between integer-to-float conversions, which
             # gcc vectorises only when it may assume that no floating-point exception traps (none is
             # ever enabled; no result changes)

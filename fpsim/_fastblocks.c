@@ -44,16 +44,7 @@ enum { OUT_CODES8, OUT_CODES16, OUT_F32, OUT_F64, OUT_COUNT };
 #define HIGH_WORD 1
 #endif
 
-#if defined(__GNUC__)
-#define ALWAYS_INLINE inline __attribute__((always_inline)) /* so that the loops specialise and vectorise */
-#else
-#define ALWAYS_INLINE inline
-#endif
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default"))) /* the loader picks one */
-#else
-#define MULTIVERSION
-#endif
+#include "_fastcompile.h"
 
 typedef struct {
     int rule;             /* RULE_* */

@@ -114,16 +114,7 @@ typedef struct {
 #define DESCRIBE_FIELD(TYPE, NAME, CODE) #NAME ":" CODE " "
 static const char kernel_fields[] = KERNEL_FIELDS(DESCRIBE_FIELD);
 
-#if defined(__GNUC__)
-#define ALWAYS_INLINE inline __attribute__((always_inline)) /* so that the loops specialise and vectorise */
-#else
-#define ALWAYS_INLINE inline
-#endif
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default"))) /* the loader picks one */
-#else
-#define MULTIVERSION
-#endif
+#include "_fastcompile.h"
 
 /* ------------------------------------------------ the random stream: Philox4x32-10 (Random123) */
 #define PHILOX_M0 0xD2511F53u
