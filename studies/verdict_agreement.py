@@ -37,8 +37,9 @@ training, which is larger than many real numeric effects, cancels where the runs
 measured where they do not. Nine seeds resolve effects of a few percent of what training achieves (the demo's
 unscaled FP16 loses about 4% of it, and three seeds could not tell); the fast version keeps three."""
 MATERIAL = 0.01
-"""A real effect smaller than this share of what FP32 training achieved (untrained metric minus FP32's) is no
-effect anyone would act on, and no verdict should ask for anything because of it."""
+"""A real effect smaller than this share of what FP32 training achieved by a measure (the untrained metric, or
+the first step's loss, minus FP32's) is no effect anyone would act on, and no verdict should ask for anything
+because of it."""
 
 
 # ------------------------------------------------------------------ models
