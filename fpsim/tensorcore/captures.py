@@ -21,6 +21,11 @@ inputs once). The arrays of case NAME are ``NAME/a``, ``NAME/b``, ``NAME/c``,
   ``d[r] = sum_k a[r, k] * b[r, k] + c[r]`` as the hardware computed it;
 * kind ``matmul``: a (M, K), b (K, N), c (M, N) or absent, d (M, N).
 
+Block-scaled inputs (``inputs`` a block format such as ``mxfp8_e4m3``) hold
+element values in a and b and their block scales' values in ``NAME/scale_a``
+(M, K / block) and ``NAME/scale_b`` (K / block, N): D = (A * scale_A)(B *
+scale_B) + C, as the block-scaled GEMMs compute it.
+
 Every value is stored as the uint32 bit pattern of its binary32 value: inputs
 are exactly representable in binary32, and fp16/bf16 values (c, d) are widened
 exactly. :func:`load_capture` checks all of this and says what is wrong.
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..blocks import BlockFormat, format as get_any_format
 from ..codec import decode
 from ..formats import PRESETS, format as get_format
 from ..rounding import quantize
@@ -108,6 +114,8 @@ class CaptureCase:
     c: np.ndarray | None
     d: np.ndarray
     tags: np.ndarray | None = None
+    scale_a: np.ndarray | None = None
+    scale_b: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +149,13 @@ class CaptureCase:
     @property
     def d_values(self) -> np.ndarray:
         return bits_to_f64(self.d)
+
+    @property
+    def scales(self) -> dict:
+        """The block scales' values as TensorCore.matmul takes them ({} for unscaled inputs)."""
+        if self.scale_a is None:
+            return {}
+        return {"scale_a": bits_to_f64(self.scale_a), "scale_b": bits_to_f64(self.scale_b)}
 
     def validate(self, check_values: bool = True) -> None:
         """Raise ValueError naming the case and the problem if it breaks the schema."""
@@ -250,7 +265,7 @@ def _check_values(case: str, key: str, bits, fmt) -> None:
     ok = is_representable(bits_to_f64(bits), fmt)
     if not ok.all():
         i = int(np.flatnonzero(~ok.ravel())[0])
-        raise ValueError(f"case {case!r}: {key} value {bits_to_f64(bits).ravel()[i]!r} "
+        raise ValueError(f"case {case!r}: {key} value {float(bits_to_f64(bits).ravel()[i])!r} "
                          f"(element {i}) is not representable in {fmt}")
 
 
@@ -289,12 +304,36 @@ def _validate_case(case: CaptureCase, check_values: bool) -> None:
         _check_array(name, "d", d, (m, n))
     if c is None and meta["c_format"] is not None:
         raise ValueError(f"case {name!r}: c_format is {meta['c_format']!r} but there is no 'c'")
+    fa, fb = (get_any_format(meta.get(key, meta["inputs"])) for key in ("inputs", "inputs_b"))
+    if isinstance(fa, BlockFormat):
+        _check_scale_arrays(case, fa, fb)
+        fa, fb = fa.element, fb.element
+    elif case.scale_a is not None or case.scale_b is not None:
+        raise ValueError(f"case {name!r}: scale_a/scale_b belong to block formats; its inputs are {meta['inputs']}")
     if check_values:
-        _check_values(name, "a", a, meta["inputs"])
-        _check_values(name, "b", b, meta.get("inputs_b", meta["inputs"]))
+        _check_values(name, "a", a, fa)
+        _check_values(name, "b", b, fb)
         if c is not None and meta["c_format"] is not None:
             _check_values(name, "c", c, meta["c_format"])
         _check_values(name, "d", d, meta["output"])
+
+
+def _check_scale_arrays(case: CaptureCase, fa: BlockFormat, fb: BlockFormat) -> None:
+    """scale_a and scale_b of a block-scaled case: one scale per block of K, values of the scale format."""
+    name, k = case.name, case.k
+    for fmt in (fa, fb):
+        if k % fmt.block_size:
+            raise ValueError(f"case {name!r}: k={k} is not a multiple of {fmt.name}'s block of {fmt.block_size}")
+    ka, kb = k // fa.block_size, k // fb.block_size
+    rows = case.a.shape[0]
+    if case.kind == "dot":
+        shape_a, shape_b = (rows, ka), (rows, kb)
+    else:
+        shape_a, shape_b = (rows, ka), (kb, case.b.shape[1])
+    _check_array(name, "scale_a", case.scale_a, shape_a)
+    _check_array(name, "scale_b", case.scale_b, shape_b)
+    _check_values(name, "scale_a", case.scale_a, fa.scale)
+    _check_values(name, "scale_b", case.scale_b, fb.scale)
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +350,7 @@ def save_capture(capture: Capture, path) -> Path:
         if case.meta.get("same_inputs_as"):
             arrays[f"{case.name}/d"] = case.d
             continue
-        for key in ("a", "b", "c", "d", "tags"):
+        for key in ("a", "b", "c", "d", "tags", "scale_a", "scale_b"):
             arr = getattr(case, key)
             if arr is not None:
                 arrays[f"{case.name}/{key}"] = arr
@@ -364,9 +403,10 @@ def load_capture(path, check_values: bool = True) -> Capture:
                     raise ValueError(f"{path}: case {name!r} reuses inputs of {source!r}, "
                                      "which is not an earlier case")
                 src = by_name[source]
-                case = CaptureCase(dict(cmeta), src.a, src.b, src.c, get("d"), src.tags)
+                case = CaptureCase(dict(cmeta), src.a, src.b, src.c, get("d"), src.tags, src.scale_a, src.scale_b)
             else:
-                case = CaptureCase(dict(cmeta), get("a"), get("b"), get("c"), get("d"), get("tags"))
+                case = CaptureCase(dict(cmeta), get("a"), get("b"), get("c"), get("d"), get("tags"),
+                                   get("scale_a"), get("scale_b"))
             try:
                 case.validate(check_values)
             except ValueError as e:

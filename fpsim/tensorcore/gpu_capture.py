@@ -12,7 +12,8 @@ Two levels are captured (see `captures` for the file):
   A[r, :] = a_r, B[:, r] = b_r, C[r, r] = c_r for r < 8 (all else 0), and only
   D[r, r] is kept. The host packs all fragment registers (`fragments`), so the
   kernels only move 32-bit words;
-* library level: ``torch.matmul``/``torch.mm``/``torch._scaled_mm`` on CUDA
+* library level: ``torch.matmul``/``torch.mm``/``torch._scaled_mm`` and the
+  block-scaled ``torch.nn.functional.scaled_mm`` (MXFP8, MXFP4, NVFP4) on CUDA
   (`library_capture`).
 
 Self-check: every instruction case also runs full random small-integer tiles
@@ -112,8 +113,8 @@ def _has_kernel(op: devices.Instruction) -> bool:
     return first is not None and any(devices.GENERATIONS.index(g) >= first for g in op.generations)
 
 
-# Block-scaled MMAs (op.block_kind) have no capture kernel yet: their scale operands need their own
-# fragment layout (sm_120a); until one exists their model stays marked unvalidated (devices.UNVALIDATED).
+# Block-scaled mma.sync (op.block_kind, sm_120a) has no capture kernel: its scale operands' register
+# layout is not modelled. The block-scaled GEMMs are captured at library level (library_capture, scaled_mm).
 MMA_SPECS = tuple(MmaSpec(op, acc) for op in devices.INSTRUCTIONS if _has_kernel(op) and op.block_kind is None
                   for acc in op.outputs)
 SIMULATED_DEVICE = next(g for g in devices.GENERATIONS if all(g in s.op.generations for s in MMA_SPECS))

@@ -1,8 +1,12 @@
-"""Library-level cases of the capture: torch.matmul, torch.mm and torch._scaled_mm on CUDA.
+"""Library-level cases of the capture: torch.matmul, torch.mm and the scaled matmuls on CUDA.
 
 What cuBLAS returns through PyTorch, with the flags that change its numerics
 (reduced-precision reductions, TF32, FP8 fast accumulation), for K = 64, 1024
 and 8192. Inputs are N(0, 1) values rounded to each format (`samples.rounded`).
+The block-scaled GEMMs (MXFP8, MXFP4, NVFP4 through
+``torch.nn.functional.scaled_mm``, Blackwell's tcgen05 path) take element
+values and random block scales (`scaled_operands` lays them out); GPUs or
+torch builds without them record a skip with torch's reason.
 """
 
 from __future__ import annotations
@@ -11,13 +15,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..blocks import BLOCK_PRESETS
 from ..formats import format as get_format
+from ..rounding import quantize
+from . import scaled_operands
 from .captures import CaptureCase, f32_bits, widen_to_f32_bits
 from .samples import case_seed, rounded
 
 
 LIBRARY_KS = (64, 1024, 8192)
 LIBRARY_MN = 32
+BLOCK_SCALED = {"mxfp8_e4m3": "BlockWise1x32", "mxfp8_e5m2": "BlockWise1x32", "mxfp4": "BlockWise1x32",
+                "nvfp4": "BlockWise1x16"}
+"""The block formats captured through scaled_mm, with their torch ScalingType (NVFP4 with its block
+scales only: its FP32 tensor scale is a separate multiplier of the output)."""
 
 
 def _first_line(e: BaseException, limit: int = 300) -> str:
@@ -96,11 +107,44 @@ def library_calls(k: int, formats) -> list:
                     f"torch_scaled_mm_{fa}x{fb}_{out}_fast{int(fast)}_k{k}", fa, fb, out,
                     "torch._scaled_mm", {"use_fast_accum": fast, "scale_a": 1.0, "scale_b": 1.0},
                     "unit scales; B column-major", True))
+    for fmt, recipe in BLOCK_SCALED.items():
+        if fmt not in formats:
+            continue
+        block = BLOCK_PRESETS[fmt]
+        for out in ("fp32", "bf16"):
+            calls.append(LibraryCall(
+                f"torch_scaled_mm_{fmt}_{out}_k{k}", fmt, fmt, out, "torch.nn.functional.scaled_mm",
+                {"scale_recipe": recipe, "swizzle": "SWIZZLE_32_4_4"},
+                f"{block.element.name} elements, one {block.scale.name} scale per {block.block_size} of K "
+                "(random, 2^-3..2^3); B column-major", True))
     return calls
 
 
-def _run_library_call(torch, c: LibraryCall, A, B, dev):
+def _block_scales(rng, shape, fmt: str) -> np.ndarray:
+    """Random scale values: powers of two 2^-3..2^3 (E8M0); E4M3 values in [1/8, 8] for NVFP4."""
+    scale = BLOCK_PRESETS[fmt].scale
+    if scale.name == "e8m0":
+        return np.exp2(rng.integers(-3, 4, shape)).astype(np.float64)
+    return np.asarray(quantize(np.exp2(rng.uniform(-3, 3, shape)), scale), dtype=np.float64)
+
+
+def _block_inputs(rng, torch, c: LibraryCall, mn: int, k: int, dev):
+    """Element values, scale values and scaled_mm's tensors of one block-scaled call."""
+    block = BLOCK_PRESETS[c.fa]
+    a = rounded(rng.standard_normal((mn, k)), block.element)
+    b = rounded(rng.standard_normal((k, mn)), block.element)
+    sa = _block_scales(rng, (mn, k // block.block_size), c.fa)
+    sb = _block_scales(rng, (k // block.block_size, mn), c.fa)
+    return (a, b, sa, sb), scaled_operands.operands(torch, a, b, sa, sb, block, dev)
+
+
+def _run_library_call(torch, c: LibraryCall, A, B, dev, scales=None):
     """The result tensor of one call (flags set for the call only)."""
+    if c.call == "torch.nn.functional.scaled_mm":
+        F = torch.nn.functional
+        recipe, swizzle = getattr(F.ScalingType, c.flags["scale_recipe"]), getattr(F.SwizzleType, c.flags["swizzle"])
+        return F.scaled_mm(A, B, scales[0], recipe, scales[1], recipe, swizzle_a=swizzle, swizzle_b=swizzle,
+                           output_dtype=get_format(c.output).torch_dtype)
     if c.call == "torch._scaled_mm":
         one = torch.ones((), device=dev, dtype=torch.float32)
         odt = get_format(c.output).torch_dtype
@@ -138,17 +182,22 @@ def library_cases(seed: int, formats, ks=LIBRARY_KS, mn=LIBRARY_MN, dev="cuda"):
         return t.t() if column_major else t
 
     for k in ks:
-        inputs = {}                              # (fa, fb) -> (a, b, A, B, first case name)
+        inputs = {}                              # (fa, fb, call) -> (values, tensors, first case name)
         for c in library_calls(k, formats):
-            key = (c.fa, c.fb, c.call == "torch._scaled_mm")
-            if key not in inputs:
-                a = rounded(rng.standard_normal((mn, k)), c.fa)
-                b = rounded(rng.standard_normal((k, mn)), c.fb)
-                # _scaled_mm wants B column-major
-                inputs[key] = [a, b, to_dev(a, c.fa), to_dev(b, c.fb, key[2]), None]
-            a, b, A, B, first = inputs[key]
+            key = (c.fa, c.fb, c.call if "scaled_mm" in c.call else "matmul")
             try:
-                d = _run_library_call(torch, c, A, B, dev)
+                if key not in inputs:
+                    if c.fa in BLOCK_SCALED:
+                        values, tensors = _block_inputs(rng, torch, c, mn, k, dev)
+                    else:
+                        a = rounded(rng.standard_normal((mn, k)), c.fa)
+                        b = rounded(rng.standard_normal((k, mn)), c.fb)
+                        # _scaled_mm wants B column-major
+                        values = (a, b, None, None)
+                        tensors = (to_dev(a, c.fa), to_dev(b, c.fb, c.call == "torch._scaled_mm"))
+                    inputs[key] = [values, tensors, None]
+                (a, b, sa, sb), tensors, first = inputs[key]
+                d = _run_library_call(torch, c, tensors[0], tensors[1], dev, tensors[2:])
                 if dev == "cuda":
                     torch.cuda.synchronize()
                 d_bits = _torch_out_bits(d, c.output)
@@ -166,5 +215,6 @@ def library_cases(seed: int, formats, ks=LIBRARY_KS, mn=LIBRARY_MN, dev="cuda"):
             if first:
                 meta["same_inputs_as"] = first
             else:
-                inputs[key][4] = c.name
-            yield "case", CaptureCase(meta, f32_bits(a), f32_bits(b), None, d_bits)
+                inputs[key][2] = c.name
+            scales = (None, None) if sa is None else (f32_bits(sa), f32_bits(sb))
+            yield "case", CaptureCase(meta, f32_bits(a), f32_bits(b), None, d_bits, None, *scales)

@@ -93,7 +93,8 @@ def validate_case(case: CaptureCase, device: str, **overrides) -> CaseResult:
     meta = case.meta
     tc = model_for(case, device, **overrides)
     run = tc.dot if case.kind == "dot" else tc.matmul
-    ok = same_bits(np.ravel(run(case.a_values, case.b_values, case.c_values)), np.ravel(case.d_values))
+    got = run(case.a_values, case.b_values, case.c_values, **case.scales)
+    ok = same_bits(np.ravel(got), np.ravel(case.d_values))
     return CaseResult(meta["name"], meta["level"], meta["inputs"], meta["output"], case.k, ok.size, int(ok.sum()),
                       [int(i) for i in np.flatnonzero(~ok)], repr(tc.params))
 
