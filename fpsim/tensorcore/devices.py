@@ -110,13 +110,20 @@ class Instruction:
 
     def kernel(self, output: str) -> str:
         """The name of the capture tool's kernel for this instruction (fpsim/tensorcore/cuda/*.cu)."""
+        if self.block_kind is not None:
+            return f"{self.kind}_{self.shape}_{_PTX_TYPES[output]}_{self.block_kind}_{self.element}"
         return f"{self.kind}_{self.shape}_{_PTX_TYPES[output]}_{_PTX_TYPES[self.inputs]}"
+
+    @property
+    def element(self) -> str:
+        """The format of A's and B's elements: the inputs, or a block format's element."""
+        return block_format(self.inputs).element.name if self.block_kind is not None else self.inputs
 
     def ptx(self, output: str) -> str:
         """The PTX instruction, with A row-major and B column-major for mma.sync."""
         d = _PTX_TYPES[output]
         if self.block_kind is not None:
-            kind, element = self.scaling, block_format(self.inputs).element.name
+            kind, element = self.scaling, self.element
             stype = "ue8m0" if kind.scale == "e8m0" else "ue4m3"
             return (f"mma.sync.aligned.{self.shape}.row.col.kind::{kind.name}.block_scale.{kind.scale_vec(self.k)}"
                     f".{d}.{element}.{element}.{d}.{stype}")

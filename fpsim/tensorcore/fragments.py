@@ -79,6 +79,9 @@ def frag_a(k: int, elem_bits: int, threads: int = 32) -> Operand:
     elif elem_bits == 8 and k == 16:     # .e4m3/.e5m2 m16n8k16: a0..a7
         row = g + 8 * (i >> 2)
         col = 4 * tg + (i & 3)
+    elif elem_bits == 4 and k == 64:     # .e2m1 m16n8k64 (kind::mxf4, mxf4nvf4): a0..a31, 8 a register
+        row = g + 8 * ((i >> 3) & 1)
+        col = 8 * tg + (i & 7) + 32 * (i >> 4)
     else:
         raise ValueError(f"no A layout for k={k}, {elem_bits}-bit elements")
     m = 16 * (threads // 32)
@@ -101,6 +104,8 @@ def frag_b(k: int, elem_bits: int) -> Operand:
         row = 4 * tg + (i & 3) + 16 * (i >> 2)
     elif elem_bits == 8 and k == 16:     # b0..b3
         row = 4 * tg + i
+    elif elem_bits == 4 and k == 64:     # b0..b15
+        row = 8 * tg + (i & 7) + 32 * (i >> 3)
     else:
         raise ValueError(f"no B layout for k={k}, {elem_bits}-bit elements")
     return Operand(np.asarray(row), np.asarray(g + 0 * i), elem_bits, (k, 8))
@@ -112,6 +117,39 @@ def frag_c(elem_bits: int, threads: int = 32) -> Operand:
     row = 16 * w + g + 8 * (i >> 1)
     col = 2 * tg + (i & 1) + 0 * w
     return Operand(np.asarray(row), np.asarray(col), elem_bits, (16 * (threads // 32), 8))
+
+
+# Block scales of mma.sync .block_scale, with the selectors {byte-id, thread-id} = {0, 0}: the
+# scale of A's row g (g = lane >> 2) comes from lane 4g, that of row g + 8 from lane 4g + 1, and
+# column n's of B from lane 4n; a row's scales for the blocks of K are bytes 0, 1, ... of the
+# lane's scale register (.scale_vec::1X, 2X, 4X). Read off CUTLASS's SM120 block-scaled MMA
+# traits (SFALayout, SFBLayout for these selectors); every lane of a quad gets its row's
+# scales. Not yet run on a GPU: the capture's self-check would expose a wrong layout.
+
+def scale_rows_a(threads: int = 32) -> np.ndarray:
+    """The row of A whose scales each lane holds."""
+    lane = np.arange(threads) % 32
+    return (lane >> 2) + 8 * (lane & 1)
+
+
+def scale_cols_b(threads: int = 32) -> np.ndarray:
+    """The column of B whose scales each lane holds."""
+    return (np.arange(threads) % 32) >> 2
+
+
+def pack_scales(codes, owner: np.ndarray) -> np.ndarray:
+    """(T, rows, blocks) scale codes (8 bits) -> (T, lanes, 1) registers: lane t holds row owner[t]."""
+    c = np.asarray(codes, dtype=np.uint32)[:, owner, :] & np.uint32(0xFF)
+    shifts = (8 * np.arange(c.shape[-1])).astype(np.uint32)
+    return np.bitwise_or.reduce(c << shifts, axis=-1)[..., None].astype(np.uint32)
+
+
+def unpack_scales(regs, owner: np.ndarray, rows: int, blocks: int) -> np.ndarray:
+    """(T, lanes, 1) scale registers -> (T, rows, blocks) codes, read from each row's first lane."""
+    r = np.asarray(regs, dtype=np.uint32)[..., 0]
+    first = np.array([int(np.flatnonzero(owner == row)[0]) for row in range(rows)])
+    shifts = (8 * np.arange(blocks)).astype(np.uint32)
+    return (r[:, first, None] >> shifts) & np.uint32(0xFF)
 
 
 # wgmma's B operand lives in shared memory: K-major, no swizzle, two core

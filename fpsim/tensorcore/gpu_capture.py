@@ -50,11 +50,13 @@ from . import devices, kernels
 from .captures import Capture, CaptureCase, f32_bits, load_capture, merge_captures, new_meta, save_capture, \
     widen_to_f32_bits
 from .core import TensorCore
-from .fragments import (Operand, element_bits, frag_a, frag_b, frag_c, from_elements, pack, pack_wgmma_b,
-                        read_wgmma_b, to_elements, unpack)
+from .fragments import (Operand, element_bits, frag_a, frag_b, frag_c, from_elements, pack, pack_scales, pack_wgmma_b,
+                        read_wgmma_b, scale_cols_b, scale_rows_a, to_elements, unpack, unpack_scales)
 from .library_capture import library_cases
-from .probes import concat, probe_rows
-from .samples import case_seed, random_rows
+from .probes import ProbeSet, concat, probe_rows
+from .samples import case_seed, random_rows, rounded
+from ..formats import format as get_format
+from ..rounding import quantize
 
 GROUPS = ("mma", "library", "wgmma")       # the riskiest group last
 BACKENDS = ("auto", "cupy", "torch")
@@ -68,6 +70,8 @@ FP8_SM90_NOTE = ("On sm_90 ptxas lowers FP8 mma.sync to F2FP conversions (fp8 ->
                  "output); Hopper's native FP8 tensor-core path is wgmma (QGMMA).")
 WGMMA_NOTE = ("A from registers, B from shared memory (K-major, no swizzle), one warpgroup per m64n8 "
               "tile; the path cuBLAS uses on Hopper")
+BLOCK_NOTE = ("Block scales per row of A and column of B with selectors {byte-id, thread-id} = {0, 0}, "
+              "in the register layout of fragments.scale_rows_a / scale_cols_b (from CUTLASS's SM120 traits).")
 
 
 # ---------------------------------------------------------------------------
@@ -85,23 +89,37 @@ class MmaSpec:
     instruction = property(lambda self: self.op.ptx(self.acc))
     group = property(lambda self: self.op.kind)   # "mma" (one warp) or "wgmma" (one warpgroup)
     inputs = property(lambda self: self.op.inputs)
+    element = property(lambda self: self.op.element)  # A's and B's elements (a block format's element)
+    scaling = property(lambda self: self.op.scaling)  # the block-scaled kind, or None
     k = property(lambda self: self.op.k)
     m = property(lambda self: self.op.m)
     threads = property(lambda self: 32 if self.group == "mma" else 128)
 
     @property
+    def scale_words(self) -> int:
+        """Words per lane after A's (and B's) registers: the block scales' register."""
+        return 1 if self.scaling else 0
+
+    @property
+    def blocks(self) -> int:
+        """Scales per row of A (and column of B): 0 without block scaling."""
+        return self.k // self.scaling.block if self.scaling else 0
+
+    @property
     def notes(self) -> str:
         if self.group == "wgmma":
             return WGMMA_NOTE
+        if self.scaling:
+            return BLOCK_NOTE
         return FP8_SM90_NOTE if devices.is_fp8(self.inputs) else ""
 
     @property
     def a(self) -> Operand:
-        return frag_a(self.k, element_bits(self.inputs), self.threads)
+        return frag_a(self.k, element_bits(self.element), self.threads)
 
     @property
     def b(self) -> Operand:
-        return frag_b(self.k, element_bits(self.inputs))
+        return frag_b(self.k, element_bits(self.element))
 
     @property
     def c(self) -> Operand:
@@ -113,12 +131,23 @@ def _has_kernel(op: devices.Instruction) -> bool:
     return first is not None and any(devices.GENERATIONS.index(g) >= first for g in op.generations)
 
 
-# Block-scaled mma.sync (op.block_kind, sm_120a) has no capture kernel: its scale operands' register
-# layout is not modelled. The block-scaled GEMMs are captured at library level (library_capture, scaled_mm).
-MMA_SPECS = tuple(MmaSpec(op, acc) for op in devices.INSTRUCTIONS if _has_kernel(op) and op.block_kind is None
+def _captured(op: devices.Instruction) -> bool:
+    """Block-scaled mma.sync (sm_120a) is captured where its elements fill their register slots: MXFP8
+    in kind::mxf8f6f4, FP4 packed in kind::mxf4 and mxf4nvf4. FP6 and FP4 inside mxf8f6f4's 8-bit
+    slots are not: where in the byte they sit is not modelled."""
+    return op.block_kind != "mxf8f6f4" or get_format(op.element).bits == 8
+
+
+MMA_SPECS = tuple(MmaSpec(op, acc) for op in devices.INSTRUCTIONS if _has_kernel(op) and _captured(op)
                   for acc in op.outputs)
-SIMULATED_DEVICE = next(g for g in devices.GENERATIONS if all(g in s.op.generations for s in MMA_SPECS))
-"""The generation whose model stands in for the GPU with simulate=True: one that has every instruction."""
+SIMULATED_DEVICE = next(g for g in devices.GENERATIONS
+                        if all(g in s.op.generations for s in MMA_SPECS if not s.scaling))
+"""The generation whose model stands in for the GPU with simulate=True: one that has every instruction
+(the block-scaled ones aside: those run on their own generation's model, `simulated_generation`)."""
+
+
+def simulated_generation(spec: MmaSpec) -> str:
+    return SIMULATED_DEVICE if SIMULATED_DEVICE in spec.op.generations else spec.op.generations[0]
 
 
 # ---------------------------------------------------------------------------
@@ -156,29 +185,45 @@ def layout_tiles(spec: MmaSpec, n: int, seed: int):
     return A, B, C
 
 
-def pack_operands(spec: MmaSpec, A, B, C):
-    """Float64 tiles -> (a_regs, b_words, c_regs) as the kernel reads them."""
-    b_elements = to_elements(B, spec.inputs)
+def pack_operands(spec: MmaSpec, A, B, C, SA=None, SB=None):
+    """Float64 tiles -> (a_regs, b_words, c_regs) as the kernel reads them. Block-scaled: SA (T, M,
+    blocks) and SB (T, 8, blocks) the scale values (default 1), each operand's scale register after
+    its own."""
+    b_elements = to_elements(B, spec.element)
     if spec.group == "mma":
         b_words = pack(b_elements, spec.b)
     else:
-        b_words = pack_wgmma_b(b_elements, spec.k, element_bits(spec.inputs))
-    return pack(to_elements(A, spec.inputs), spec.a), b_words, pack(to_elements(C, spec.acc), spec.c)
+        b_words = pack_wgmma_b(b_elements, spec.k, element_bits(spec.element))
+    a_regs = pack(to_elements(A, spec.element), spec.a)
+    if spec.scaling:
+        tiles = A.shape[0]
+        SA = np.ones((tiles, spec.m, spec.blocks)) if SA is None else SA
+        SB = np.ones((tiles, 8, spec.blocks)) if SB is None else SB
+        a_regs = np.concatenate([a_regs, pack_scales(to_elements(SA, spec.scaling.scale), scale_rows_a())], -1)
+        b_words = np.concatenate([b_words, pack_scales(to_elements(SB, spec.scaling.scale), scale_cols_b())], -1)
+    return a_regs, b_words, pack(to_elements(C, spec.acc), spec.c)
 
 
 def simulated_launcher(spec: MmaSpec, a_regs, b_words, c_regs) -> np.ndarray:
     """Launcher stand-in for simulate=True: the registers unpacked, fpsim's model of the instruction
-    on SIMULATED_DEVICE, its result packed as the D registers."""
-    A = from_elements(unpack(a_regs, spec.a), spec.inputs)
+    (`simulated_generation`), its result packed as the D registers."""
+    A = from_elements(unpack(a_regs[..., :spec.a.regs], spec.a), spec.element)
     if spec.group == "mma":
-        B = from_elements(unpack(b_words, spec.b), spec.inputs)
+        B = from_elements(unpack(b_words[..., :spec.b.regs], spec.b), spec.element)
     else:
-        B = from_elements(read_wgmma_b(b_words, spec.k, element_bits(spec.inputs)), spec.inputs)
+        B = from_elements(read_wgmma_b(b_words, spec.k, element_bits(spec.element)), spec.element)
     C = from_elements(unpack(c_regs, spec.c), spec.acc)
     tiles, m, k = A.shape
-    tc = TensorCore(SIMULATED_DEVICE, spec.inputs, spec.acc, instruction=spec.op.shape)
+    tc = TensorCore(simulated_generation(spec), spec.inputs, spec.acc, instruction=spec.op.shape)
     shape = (tiles, m, 8, k)
-    D = tc.dot(np.broadcast_to(A[:, :, None, :], shape), np.broadcast_to(B.transpose(0, 2, 1)[:, None], shape), C)
+    scales = {}
+    if spec.scaling:
+        SA = from_elements(unpack_scales(a_regs[..., spec.a.regs:], scale_rows_a(), m, spec.blocks), spec.scaling.scale)
+        SB = from_elements(unpack_scales(b_words[..., spec.b.regs:], scale_cols_b(), 8, spec.blocks), spec.scaling.scale)
+        scales = {"scale_a": np.broadcast_to(SA[:, :, None, :], shape[:3] + (spec.blocks,)),
+                  "scale_b": np.broadcast_to(SB[:, None, :, :], shape[:3] + (spec.blocks,))}
+    D = tc.dot(np.broadcast_to(A[:, :, None, :], shape), np.broadcast_to(B.transpose(0, 2, 1)[:, None], shape), C,
+               **scales)
     return pack(to_elements(np.asarray(D, dtype=np.float64), spec.acc), spec.c)
 
 
@@ -189,9 +234,9 @@ class SelfCheckError(RuntimeError):
     """The GPU did not return the exact result of rows that every MMA computes exactly."""
 
 
-def run_tiles(spec: MmaSpec, A, B, C, launcher) -> np.ndarray:
+def run_tiles(spec: MmaSpec, A, B, C, launcher, SA=None, SB=None) -> np.ndarray:
     """Pack, launch, unpack: (T, M, 8) accumulator elements of D."""
-    a_regs, b_words, c_regs = pack_operands(spec, A, B, C)
+    a_regs, b_words, c_regs = pack_operands(spec, A, B, C, SA, SB)
     d_regs = launcher(spec, a_regs, b_words, c_regs)
     d_regs = np.asarray(d_regs, dtype=np.uint32).reshape(A.shape[0], spec.threads, spec.c.regs)
     return unpack(d_regs, spec.c)
@@ -206,29 +251,89 @@ def _first_mismatch(got, want) -> str:
     return f"at {idx}: got {got[idx]!r}, expected {want[idx]!r}"
 
 
+def scaled_rows(spec: MmaSpec, n_random: int, seed: int):
+    """Rows of a block-scaled instruction, (ProbeSet of the element values, scale_a, scale_b), the
+    scales (rows, blocks): 64 "exact" rows (integer elements -3..3, scales 1, 2, 4, integer c) whose
+    exact sum every correct MMA returns, then n_random rows of N(0, 1) elements times 2^-4..2^4
+    rounded to the element format, with random scales (E8M0 2^-8..2^8; E4M3 2^-6..2^6 rounded)."""
+    rng = np.random.default_rng(case_seed(seed, spec.kernel))
+    n_exact, k, blocks, scale = 64, spec.k, spec.blocks, spec.scaling.scale
+    a, b = (rng.integers(-3, 4, (n_exact, k)).astype(np.float64) for _ in range(2))
+    c = rng.integers(-8, 9, n_exact).astype(np.float64)
+    sa, sb = (np.exp2(rng.integers(0, 3, (n_exact, blocks))) for _ in range(2))
+    tags = ["exact:integers"] * n_exact + ["random:scaled"] * n_random
+    if n_random:
+        def elements():
+            spread = np.exp2(rng.integers(-4, 5, (n_random, 1)))
+            return rounded(rng.standard_normal((n_random, k)) * spread, spec.element)
+
+        def scales():
+            if scale == "e8m0":
+                return np.exp2(rng.integers(-8, 9, (n_random, blocks))).astype(np.float64)
+            return np.asarray(quantize(np.exp2(rng.uniform(-6, 6, (n_random, blocks))), scale), dtype=np.float64)
+
+        a, b = np.concatenate([a, elements()]), np.concatenate([b, elements()])
+        c = np.concatenate([c, rounded(rng.standard_normal(n_random), spec.acc)])
+        sa, sb = np.concatenate([sa, scales()]), np.concatenate([sb, scales()])
+    return ProbeSet(spec.element, k, spec.acc, np.array(tags, dtype=str), a, b, c), sa, sb
+
+
+def _scaled(x, scales, block: int, axis: int):
+    """Elements times their block's scale (scales along `axis` of x, one per block)."""
+    return x * np.repeat(scales, block, axis=axis)
+
+
+def scale_tiles(spec: MmaSpec, sa, sb, tiles: int, seed: int):
+    """(LSA, LSB, SA, SB): random scales 1, 2, 4 of the integer tiles, (LAYOUT_TILES, M, blocks) and
+    (LAYOUT_TILES, 8, blocks), and the rows' scales as tiles: A's row r and B's column r get row r's
+    (rows_to_tiles), A's rows from 8 on scale 1."""
+    rng = np.random.default_rng(seed)
+    blocks = spec.blocks
+    LSA = np.exp2(rng.integers(0, 3, (LAYOUT_TILES, spec.m, blocks)))
+    LSB = np.exp2(rng.integers(0, 3, (LAYOUT_TILES, 8, blocks)))
+    pad = np.ones((tiles * 8 - len(sa), blocks))
+    SA = np.ones((tiles, spec.m, blocks))
+    SA[:, :8] = np.concatenate([sa, pad]).reshape(tiles, 8, blocks)
+    SB = np.concatenate([sb, pad]).reshape(tiles, 8, blocks)
+    return LSA, LSB, SA, SB
+
+
 def capture_instruction_case(spec: MmaSpec, n_random: int, seed: int, launcher,
                              probes: bool = True) -> CaptureCase:
     """Run probes and random rows through one instruction; self-check; return the case."""
-    rows = [probe_rows(spec.inputs, spec.k, spec.acc)] if probes else []
-    if n_random:
-        rows.append(random_rows(spec.inputs, spec.k, n_random, case_seed(seed, spec.kernel),
-                                spec.acc, "mixed"))
-    ps = concat(*rows)
+    if spec.scaling:
+        ps, sa, sb = scaled_rows(spec, n_random, seed)
+    else:
+        rows = [probe_rows(spec.inputs, spec.k, spec.acc)] if probes else []
+        if n_random:
+            rows.append(random_rows(spec.inputs, spec.k, n_random, case_seed(seed, spec.kernel),
+                                    spec.acc, "mixed"))
+        ps, sa, sb = concat(*rows), None, None
 
     LA, LB, LC = layout_tiles(spec, LAYOUT_TILES, case_seed(seed + 1, spec.kernel))
     A, B, C = rows_to_tiles(ps.a, ps.b, ps.c, spec.m)
-    D_elements = run_tiles(spec, np.concatenate([LA, A]), np.concatenate([LB, B]),
-                           np.concatenate([LC, C]), launcher)
+    SA = SB = None
+    want = np.einsum("tmk,tkn->tmn", LA, LB) + LC
+    if spec.scaling:
+        LSA, LSB, SA, SB = scale_tiles(spec, sa, sb, A.shape[0], case_seed(seed + 2, spec.kernel))
+        block = spec.scaling.block
+        want = np.einsum("tmk,tkn->tmn", _scaled(LA, LSA, block, 2), _scaled(LB, LSB.transpose(0, 2, 1), block, 1)) + LC
+        SA, SB = np.concatenate([LSA, SA]), np.concatenate([LSB, SB])
+    D_elements = run_tiles(spec, np.concatenate([LA, A]), np.concatenate([LB, B]), np.concatenate([LC, C]),
+                           launcher, SA, SB)
     D = from_elements(D_elements, spec.acc)
 
     # self-check 1: whole integer tiles (every layout position)
-    want = np.einsum("tmk,tkn->tmn", LA, LB) + LC
     got = D[:LAYOUT_TILES]
     n_bad_tiles = int((~_same_value(got, want)).sum())
     # self-check 2: exact rows through the diagonal construction
     d_rows = tile_diagonals(D[LAYOUT_TILES:], len(ps))
     exact = ps.family_mask("exact")
-    want_rows = ps.exact_sum()[exact]
+    if spec.scaling:
+        block = spec.scaling.block
+        want_rows = ((_scaled(ps.a, sa, block, 1) * _scaled(ps.b, sb, block, 1)).sum(axis=1) + ps.c)[exact]
+    else:
+        want_rows = ps.exact_sum()[exact]
     n_bad_rows = int((~_same_value(d_rows[exact], want_rows)).sum())
     if n_bad_tiles or n_bad_rows:
         detail = []
@@ -252,7 +357,8 @@ def capture_instruction_case(spec: MmaSpec, n_random: int, seed: int, launcher,
             "rows_random": int(n_random), "rows_probe": int(len(ps) - n_random),
             "self_check": {"integer_tiles": LAYOUT_TILES, "exact_rows": int(exact.sum()),
                            "passed": True}}
-    return CaptureCase(meta, f32_bits(ps.a), f32_bits(ps.b), f32_bits(ps.c), d_out, ps.tags.astype(str))
+    scales = (f32_bits(sa), f32_bits(sb)) if spec.scaling else (None, None)
+    return CaptureCase(meta, f32_bits(ps.a), f32_bits(ps.b), f32_bits(ps.c), d_out, ps.tags.astype(str), *scales)
 
 
 # ---------------------------------------------------------------------------
@@ -315,6 +421,11 @@ def _specs_for(group: str, formats, cc) -> tuple:
                                                         f"{devices.COMPUTE_CAPABILITY[first]}) or later"})
         elif gen is not None and gen not in s.op.generations:
             skipped.append({"case": s.kernel, "reason": f"{s.group} {s.op.shape} does not run on {gen}"})
+        elif cc is not None and s.op.compute_capability and tuple(cc) < s.op.compute_capability:
+            major, minor = s.op.compute_capability
+            skipped.append({"case": s.kernel, "reason": f"{s.instruction} needs sm_{major}{minor}a (compute "
+                            f"capability {major}.{minor}); the datacenter Blackwells scale blocks in "
+                            "tcgen05.mma, captured at library level (scaled_mm)"})
         else:
             chosen.append(s)
     return chosen, skipped

@@ -52,16 +52,31 @@ def find_nvcc() -> str | None:
     return None
 
 
+def _has_block_scaled(cc: tuple) -> bool:
+    """Whether a GPU of compute capability cc runs the block-scaled mma.sync (sm_120a and on)."""
+    return any(i.compute_capability and tuple(cc) >= i.compute_capability for i in devices.INSTRUCTIONS)
+
+
 def arch_for(cc: tuple) -> str:
-    """XY of sm_XY, with the 'a' suffix on 9.0 (wgmma needs sm_90a)."""
-    return "%d%d" % tuple(cc) + ("a" if tuple(cc) == (9, 0) else "")
+    """XY of sm_XY, with the 'a' suffix where our kernels need the arch-specific features: on 9.0
+    (wgmma needs sm_90a) and on the GPUs with block-scaled mma.sync (sm_120a)."""
+    return "%d%d" % tuple(cc) + ("a" if tuple(cc) == (9, 0) or _has_block_scaled(cc) else "")
 
 
 def defines(cc: tuple) -> list[str]:
-    """Preprocessor flags: the FP8 kernels are left out where the GPU has no FP8 MMA."""
+    """Preprocessor flags: the FP8 kernels are left out where the GPU has no FP8 MMA, the
+    block-scaled ones kept only where it has them."""
     gen = devices.generation_of(cc)
     has_fp8 = any(devices.is_fp8(i.inputs) and gen in i.generations for i in devices.INSTRUCTIONS)
-    return [] if has_fp8 else ["-DFPSIM_NO_FP8"]
+    return ([] if has_fp8 else ["-DFPSIM_NO_FP8"]) + (["-DFPSIM_BLOCK_SCALED"] if _has_block_scaled(cc) else [])
+
+
+def kernel_guard(kernel: str) -> str | None:
+    """The preprocessor condition under which a kernel of cuda/*.cu is compiled (None: always)."""
+    op = next(i for i in devices.INSTRUCTIONS for acc in i.outputs if i.kernel(acc) == kernel)
+    if op.block_kind is not None:
+        return "defined(FPSIM_BLOCK_SCALED)"
+    return "!defined(FPSIM_NO_FP8)" if devices.is_fp8(op.inputs) else None
 
 
 def compile_flags(cc: tuple) -> list[str]:
@@ -148,10 +163,13 @@ TORCH_LAUNCH_DECL = ("void launch(std::string name, int64_t grid, int64_t block,
 
 def torch_launcher_source(group: str, kernels) -> str:
     """The .cu source plus a host launcher of its kernels for torch.utils.cpp_extension.load_inline."""
-    calls = "\n".join(
-        f'  {"if" if i == 0 else "else if"} (name == "{kernel}") '
-        f"{kernel}<<<(unsigned)grid, (unsigned)block>>>(pa, pb, pc, pd, (int)tiles);"
-        for i, kernel in enumerate(kernels))
+    def call(kernel):
+        line = (f'  if (name == "{kernel}") {{ {kernel}<<<(unsigned)grid, (unsigned)block>>>(pa, pb, pc, pd, '
+                f'(int)tiles); found = true; }}')
+        guard = kernel_guard(kernel)
+        return f"#if {guard}\n{line}\n#endif" if guard else line
+
+    calls = "\n".join(call(kernel) for kernel in kernels)
     return (cuda_source_path(group).read_text() + """
 #include <torch/extension.h>
 #include <cuda_runtime.h>
@@ -161,8 +179,9 @@ void launch(std::string name, int64_t grid, int64_t block, torch::Tensor a, torc
   const u32* pb = reinterpret_cast<const u32*>(b.data_ptr<int32_t>());
   const u32* pc = reinterpret_cast<const u32*>(c.data_ptr<int32_t>());
   u32* pd = reinterpret_cast<u32*>(d.data_ptr<int32_t>());
+  bool found = false;
 """ + calls + """
-  else TORCH_CHECK(false, "unknown kernel ", name);
+  TORCH_CHECK(found, "kernel ", name, " is not built for this GPU");
   cudaError_t err = cudaDeviceSynchronize();
   TORCH_CHECK(err == cudaSuccess, "kernel ", name, " failed: ", cudaGetErrorString(err));
 }

@@ -1,13 +1,19 @@
-"""Capturing Blackwell's block-scaled GEMMs (torch scaled_mm, MXFP8/MXFP4/NVFP4) and checking them.
+"""Capturing Blackwell's block-scaled products and checking them: the GEMMs of torch's scaled_mm
+(MXFP8/MXFP4/NVFP4, library level) and the block-scaled mma.sync of sm_120a (instruction level).
 
 Sources of truth:
-- the scale layout and FP4 packing: torchao's own MX code (`to_blocked`, `from_blocked`,
-  `pack_uint4`, `unpack_uint4`, `f4_unpacked_to_f32`), which feeds the same cuBLAS kernels;
-- torch's float8 dtypes for the element and scale codes;
-- exact integer arithmetic for the validation of a block-scaled case: with small integer
-  elements and power-of-two scales every product and sum is exact, so any correct model of
-  D = (A * scale_A)(B * scale_B) returns the integer matmul of the scaled values.
-No GPU here: on the CPU the scaled calls must be recorded as skips with torch's reason.
+- the scale layout and FP4 packing of scaled_mm: torchao's own MX code (`to_blocked`,
+  `from_blocked`, `pack_uint4`, `unpack_uint4`, `f4_unpacked_to_f32`), which feeds the same
+  cuBLAS kernels; torch's float8 dtypes for the element and scale codes;
+- the register layouts of the block-scaled mma.sync: CUTLASS's SM120 MMA traits (CuTe layouts
+  ALayout, BLayout, SFALayout, SFBLayout of SM120_16x8x64_TN_VS), evaluated here from their
+  shapes and strides;
+- exact integer arithmetic: with small integer elements and power-of-two scales every product
+  and sum is exact, so any correct model of D = (A * scale_A)(B * scale_B) + C returns the
+  integer result.
+No GPU here: on the CPU the scaled_mm calls must be recorded as skips with torch's reason, and
+the instruction-level path runs on fpsim's model (simulate), where a launcher that reads the
+scales from the wrong lanes must fail the self-check.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import torch
 
 import fpsim
 from fpsim.blocks import BLOCK_PRESETS
+from fpsim.tensorcore import fragments as fr
+from fpsim.tensorcore import gpu_capture as gc
 from fpsim.tensorcore import scaled_operands
 from fpsim.tensorcore.captures import Capture, CaptureCase, f32_bits, load_capture, new_meta, save_capture
 from fpsim.tensorcore.library_capture import BLOCK_SCALED, library_cases
@@ -125,3 +133,83 @@ def test_without_a_block_scaled_gemm_the_calls_are_skips_with_torchs_reason():
     assert set(seen) == {f"torch_scaled_mm_{f}_{out}_k64" for f in BLOCK_SCALED for out in ("fp32", "bf16")}
     for what, item in seen.values():
         assert what == "skip" and item["reason"].startswith("torch.nn.functional.scaled_mm: ")
+
+
+# ------------------------------------------------- block-scaled mma.sync (sm_120a)
+def cute_layout(thread_shape, thread_stride, value_shape, value_stride, threads=32):
+    """Index of (thread, value) in a CuTe layout ((T...), (V...)) -> (...) (colexicographic)."""
+    def offsets(shape, stride, n):
+        out = []
+        for i in range(n):
+            total, rest = 0, i
+            for size, step in zip(shape, stride):
+                total += (rest % size) * step
+                rest //= size
+            out.append(total)
+        return np.array(out)
+    values = int(np.prod(value_shape))
+    return offsets(thread_shape, thread_stride, threads)[:, None] + offsets(value_shape, value_stride, values)[None, :]
+
+
+def test_fp4_k64_fragments_are_cutlass_sm120_layouts():
+    # ALayout (T32,V32) -> (M16,K64): ((4,8),(8,2,2)) : ((128,1),(16,8,512)), index m + 16 k
+    a = cute_layout((4, 8), (128, 1), (8, 2, 2), (16, 8, 512))
+    op = fr.frag_a(64, 4)
+    np.testing.assert_array_equal(op.rows, a % 16)
+    np.testing.assert_array_equal(op.cols, a // 16)
+    # BLayout (T32,V16) -> (N8,K64): ((4,8),(8,2)) : ((64,1),(8,256)), index n + 8 k
+    b = cute_layout((4, 8), (64, 1), (8, 2), (8, 256))
+    op = fr.frag_b(64, 4)
+    np.testing.assert_array_equal(op.rows, b // 8)
+    np.testing.assert_array_equal(op.cols, b % 8)
+
+
+def test_scale_lanes_are_cutlass_sm120_sfa_sfb_layouts():
+    # SFALayout (T32,V64) -> (M16,K64): ((2,2,8),64) : ((8,0,1),16); SFBLayout ((4,8),64) : ((0,1),8)
+    sfa = cute_layout((2, 2, 8), (8, 0, 1), (64,), (16,))
+    assert (sfa % 16 == sfa[:, :1] % 16).all()          # each lane: one row of A, every k
+    np.testing.assert_array_equal(fr.scale_rows_a(), sfa[:, 0] % 16)
+    sfb = cute_layout((4, 8), (0, 1), (64,), (8,))
+    np.testing.assert_array_equal(fr.scale_cols_b(), sfb[:, 0] % 8)
+    # a row's scales for the blocks of K are bytes 0, 1, ... of the lane's register
+    codes = np.arange(16 * 4, dtype=np.uint32).reshape(1, 16, 4)
+    regs = fr.pack_scales(codes, fr.scale_rows_a())
+    assert regs[0, 5, 0] == (codes[0, 9] << np.arange(0, 32, 8, dtype=np.uint32)).sum()  # lane 5: row 9
+    np.testing.assert_array_equal(fr.unpack_scales(regs, fr.scale_rows_a(), 16, 4), codes)
+
+
+SCALED_SPECS = [s for s in gc.MMA_SPECS if s.scaling]
+
+
+@pytest.mark.parametrize("spec", SCALED_SPECS, ids=lambda s: s.kernel)
+def test_simulated_block_scaled_capture_passes_its_self_check_and_validates(spec, tmp_path):
+    case = gc.capture_instruction_case(spec, 32, 0, gc.simulated_launcher)
+    assert case.meta["self_check"]["passed"] and case.scale_a.shape == (case.rows, spec.blocks)
+    back = load_capture(save_capture(Capture(new_meta("simulation"), [case]), tmp_path / "c.npz")).case(spec.kernel)
+    result = validate_case(back, "blackwell")
+    assert result.matched == result.rows == 64 + 32
+
+
+@pytest.mark.parametrize("spec", SCALED_SPECS, ids=lambda s: s.kernel)
+def test_a_gpu_reading_scales_from_other_lanes_fails_the_self_check(spec):
+    lanes = np.arange(32)
+    swapped = lanes.copy()
+    swapped[1::4], swapped[2::4] = lanes[2::4], lanes[1::4]   # row g + 8 read from row g's lane
+
+    def misreading(spec, a_regs, b_words, c_regs):
+        a_regs = a_regs.copy()
+        a_regs[:, :, -1] = a_regs[:, swapped, -1]
+        return gc.simulated_launcher(spec, a_regs, b_words, c_regs)
+
+    with pytest.raises(gc.SelfCheckError, match="self-check failed"):
+        gc.capture_instruction_case(spec, 0, 0, misreading)
+
+
+def test_block_scaled_mma_runs_on_sm120_only():
+    for cc in ((10, 0), (9, 0)):
+        chosen, skipped = gc._specs_for("mma", ("mxfp8_e4m3", "nvfp4", "mxfp4"), cc)
+        assert not chosen and len(skipped) == 3
+    chosen, skipped = gc._specs_for("mma", ("mxfp8_e4m3", "nvfp4", "mxfp4"), (10, 0))
+    assert "needs sm_120a" in skipped[0]["reason"]
+    chosen, _ = gc._specs_for("mma", ("mxfp8_e4m3", "nvfp4", "mxfp4"), (12, 0))
+    assert sorted(s.kernel for s in chosen) == sorted(s.kernel for s in SCALED_SPECS if s.inputs != "mxfp8_e5m2")

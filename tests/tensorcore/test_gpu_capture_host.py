@@ -139,7 +139,7 @@ def small_int_tiles(spec, n, seed):
 def test_simulated_mma_from_packed_fragments_is_a_at_b_plus_c(spec):
     A, B, C = small_int_tiles(spec, 3, 7)
     a_regs, b_words, c_regs = gc.pack_operands(spec, A, B, C)
-    assert a_regs.shape == (3, spec.threads, spec.a.regs)
+    assert a_regs.shape == (3, spec.threads, spec.a.regs + spec.scale_words)
     assert c_regs.shape == (3, spec.threads, spec.c.regs)
     if spec.group == "wgmma":
         assert b_words.shape == (3, 64)
@@ -445,8 +445,27 @@ def test_cuda_sources_assemble_for_sm90a(group, tmp_path):
         assert res.returncode == 0, res.stdout + res.stderr
         assert (tmp_path / out).stat().st_size > 0
     ptx = (tmp_path / "k.ptx").read_text()
-    for spec in (s for s in gc.MMA_SPECS if s.group == group):
+    chosen, skipped = gc._specs_for(group, devices.INPUT_FORMATS, (9, 0))
+    for spec in chosen:
         assert spec.instruction in ptx
+    assert all("block_scale" not in spec.instruction for spec in chosen)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_block_scaled_kernels_assemble_for_sm120a(tmp_path):
+    """ptxas takes the block-scaled mma.sync with its scale operands for sm_120a (the syntax; what
+    the instruction computes needs the GPU)."""
+    flags = kernels.compile_flags((12, 0))
+    assert flags == ["-gencode=arch=compute_120a,code=sm_120a", "-DFPSIM_BLOCK_SCALED"]
+    for kind, out in (("-cubin", "k.cubin"), ("--ptx", "k.ptx")):
+        res = subprocess.run([NVCC, kind, *flags, "-o", str(tmp_path / out), str(kernels.cuda_source_path("mma"))],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+    ptx = (tmp_path / "k.ptx").read_text()
+    scaled = [s for s in gc.MMA_SPECS if s.scaling]
+    assert len(scaled) == 4
+    for spec in scaled:
+        assert spec.instruction in ptx and f".entry {spec.kernel}(" in ptx
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -486,7 +505,7 @@ def test_dry_run_builds_every_kernel_source_and_case(cc):
     it runs and skips (the PTX ISA: FP8 MMA from sm_89, wgmma on sm_90a only, these sources need
     sm_80), the compile flags, the torch-extension source holding every kernel, and every case's
     packed registers at the shapes the kernels read."""
-    wanted = {(8, 0): 8, (8, 6): 8, (8, 9): 14, (9, 0): 22, (10, 0): 14, (12, 0): 14, (7, 5): 0}[cc]
+    wanted = {(8, 0): 8, (8, 6): 8, (8, 9): 14, (9, 0): 22, (10, 0): 14, (12, 0): 18, (7, 5): 0}[cc]
     ran = 0
     for group in ("mma", "wgmma"):
         chosen, skipped = gc._specs_for(group, devices.INPUT_FORMATS, cc)
@@ -497,13 +516,17 @@ def test_dry_run_builds_every_kernel_source_and_case(cc):
         source = kernels.torch_launcher_source(group, [s.kernel for s in gc.MMA_SPECS if s.group == group])
         for spec in chosen:
             assert f'name == "{spec.kernel}"' in source and spec.instruction in source
-            ps = probes.concat(probes.probe_rows(spec.inputs, spec.k, spec.acc),
-                               samples.random_rows(spec.inputs, spec.k, 16, 0, spec.acc))
+            if spec.scaling:
+                ps, sa, sb = gc.scaled_rows(spec, 16, 0)
+            else:
+                ps = probes.concat(probes.probe_rows(spec.inputs, spec.k, spec.acc),
+                                   samples.random_rows(spec.inputs, spec.k, 16, 0, spec.acc))
             A, B, C = gc.rows_to_tiles(ps.a, ps.b, ps.c, spec.m)
             a_regs, b_words, c_regs = gc.pack_operands(spec, A, B, C)
             tiles = A.shape[0]
-            assert a_regs.shape == (tiles, spec.threads, spec.a.regs)
-            assert b_words.shape == ((tiles, spec.threads, spec.b.regs) if group == "mma" else (tiles, 64))
+            assert a_regs.shape == (tiles, spec.threads, spec.a.regs + spec.scale_words)
+            assert b_words.shape == ((tiles, spec.threads, spec.b.regs + spec.scale_words) if group == "mma"
+                                     else (tiles, 64))
             assert c_regs.shape == (tiles, spec.threads, spec.c.regs)
             grid, block = kernels.launch_shape(spec.group, tiles)
             assert block == 128 and grid * (4 if group == "mma" else 1) >= tiles

@@ -19,7 +19,9 @@
 // Shapes used: row.col, m16n8kK. FP8 shapes need sm_89+; the f16-accumulate
 // FP8 form and m16n8k16 FP8 need PTX ISA 8.7+ (nvcc 12.8+). Compile with
 //   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a mma_kernels.cu
-// Define FPSIM_NO_FP8 to leave the FP8 kernels out (GPUs before sm_89).
+// Define FPSIM_NO_FP8 to leave the FP8 kernels out (GPUs before sm_89), and
+// FPSIM_BLOCK_SCALED (with -gencode=arch=compute_120a,code=sm_120a) to build
+// the block-scaled kernels at the end of this file.
 
 typedef unsigned int u32;
 
@@ -113,4 +115,35 @@ FPSIM_MMA_F32_A2_B1(mma_m16n8k16_f32_e4m3, "mma.sync.aligned.m16n8k16.row.col.f3
 FPSIM_MMA_F32_A4_B2(mma_m16n8k32_f32_e5m2, "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32")
 FPSIM_MMA_F16_A4_B2(mma_m16n8k32_f16_e5m2, "mma.sync.aligned.m16n8k32.row.col.f16.e5m2.e5m2.f16")
 FPSIM_MMA_F32_A2_B1(mma_m16n8k16_f32_e5m2, "mma.sync.aligned.m16n8k16.row.col.f32.e5m2.e5m2.f32")
+#endif
+
+#ifdef FPSIM_BLOCK_SCALED
+// ---- block-scaled MMA (sm_120a: kind::mxf8f6f4, mxf4, mxf4nvf4) ------------
+// D = (A * scale_A)(B * scale_B) + C. Each lane's scale register follows its A
+// (resp. B) registers in the buffer: a holds 5 words per lane, b 3. The
+// selectors {byte-id, thread-id} are {0, 0}: the layout the host packs
+// (fragments.scale_rows_a / scale_cols_b). Operand syntax as CUTLASS's SM120
+// block-scaled atoms write it. Not yet run on a GPU: the driver's self-check
+// tells a layout error from arithmetic.
+#define FPSIM_MMA_SCALED_F32(NAME, INSTR)                                      \
+extern "C" __global__ void NAME(FPSIM_ARGS) {                                  \
+    FPSIM_PROLOGUE(5, 3, 4) /* A: 4 registers + scale, B: 2 + scale */        \
+    const unsigned short selector = 0;                                       \
+    float d0, d1, d2, d3;                                                      \
+    asm volatile(INSTR " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}, " \
+                 "{%14}, {%15,%16}, {%17}, {%18,%19};"                          \
+        : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)                              \
+        : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "r"(pb[0]), "r"(pb[1]), \
+          "f"(__uint_as_float(pc[0])), "f"(__uint_as_float(pc[1])),           \
+          "f"(__uint_as_float(pc[2])), "f"(__uint_as_float(pc[3])),           \
+          "r"(pa[4]), "h"(selector), "h"(selector),                           \
+          "r"(pb[2]), "h"(selector), "h"(selector));                          \
+    pd[0] = __float_as_uint(d0); pd[1] = __float_as_uint(d1);                 \
+    pd[2] = __float_as_uint(d2); pd[3] = __float_as_uint(d3);                 \
+}
+
+FPSIM_MMA_SCALED_F32(mma_m16n8k64_f32_mxf4_e2m1,     "mma.sync.aligned.m16n8k64.row.col.kind::mxf4.block_scale.scale_vec::2X.f32.e2m1.e2m1.f32.ue8m0")
+FPSIM_MMA_SCALED_F32(mma_m16n8k64_f32_mxf4nvf4_e2m1, "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3")
+FPSIM_MMA_SCALED_F32(mma_m16n8k32_f32_mxf8f6f4_e4m3, "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0")
+FPSIM_MMA_SCALED_F32(mma_m16n8k32_f32_mxf8f6f4_e5m2, "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e5m2.e5m2.f32.ue8m0")
 #endif
