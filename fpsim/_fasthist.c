@@ -28,6 +28,12 @@
  *   `items`, the updates of `parts` against the old values at address `before`, as updates counts them,
  *   added to that row, and their lost counts to the int64 [rows, n_formats] table at address `lost`.
  *
+ * count_into(tables, row, address, n, kind, step, with_mass) -> (amax, record): count as count does and
+ *   add the result to that row of the tables as accumulate does, in one call (the analyzer's hooks call
+ *   it for every tensor); record: bytes holding the same counts and mass, for add_record.
+ * add_record(tables, row, record, amax_value, step) -> None: add a record of count_into to a row (the
+ *   same tensor seen again, by another hook or under another name).
+ *
  * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
  * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
  * code of histogram.py is the reference; tests hold the two, and an independent numpy count, equal
@@ -561,6 +567,87 @@ static PyObject *updates_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A record of one observation: int64 k, then k (class, count) pairs, then (field, |x| sum, x^2 sum) triples
+   (the sums' float64 bits) for the fields with mass. */
+static PyObject *record_of(const int64_t *totals, const double *mass) {
+    int64_t packed[1 + 2 * 1024 + 3 * 256];
+    Py_ssize_t k = 0, at = 1;
+    for (int c = 0; c < 1024; c++)
+        if (totals[c]) {
+            packed[at++] = c;
+            packed[at++] = totals[c];
+            k++;
+        }
+    packed[0] = k;
+    if (mass)
+        for (int f = 0; f < 256; f++)
+            if (mass[f] != 0.0 || mass[256 + f] != 0.0) {
+                packed[at++] = f;
+                memcpy(&packed[at++], &mass[f], 8);
+                memcpy(&packed[at++], &mass[256 + f], 8);
+            }
+    return PyBytes_FromStringAndSize((const char *)packed, at * 8);
+}
+
+static PyObject *count_into(PyObject *self, PyObject *args) {
+    PyObject *tables_obj;
+    Py_ssize_t row, n;
+    unsigned long long address;
+    int kind, with_mass;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "OnKniLp", &tables_obj, &row, &address, &n, &kind, &step, &with_mass) ||
+        !check_kind(kind) || !tables_of(tables_obj, &t) || !row_in(&t, row))
+        return NULL;
+    if (n < 0 || (n && !address)) {
+        PyErr_Format(PyExc_ValueError, "count_into: need n >= 0 and a nonzero address, got n %zd", n);
+        return NULL;
+    }
+    int64_t totals[1024] = {0};
+    double mass[MASS_SIZE] = {0};
+    uint32_t top = count_buffer((const char *)(uintptr_t)address, n, kind, totals, with_mass ? mass : NULL);
+    double amax = magnitude_of(top, kind);
+    add_row(&t, row, totals, amax, step, with_mass ? mass : NULL);
+    PyObject *record = record_of(totals, with_mass ? mass : NULL);
+    if (!record) return NULL;
+    return Py_BuildValue("(dN)", amax, record);
+}
+
+static PyObject *add_record(PyObject *self, PyObject *args) {
+    PyObject *tables_obj;
+    Py_ssize_t row, length;
+    const char *bytes;
+    double value;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "Ony#dL", &tables_obj, &row, &bytes, &length, &value, &step) ||
+        !tables_of(tables_obj, &t) || !row_in(&t, row))
+        return NULL;
+    const int64_t *p = (const int64_t *)bytes;
+    Py_ssize_t words = length / 8, k = words ? p[0] : -1;
+    int ok = length % 8 == 0 && k >= 0 && 1 + 2 * k <= words && (words - 1 - 2 * k) % 3 == 0;
+    for (Py_ssize_t j = 0; ok && j < k; j++) ok = p[1 + 2 * j] >= 0 && p[1 + 2 * j] < RAW_SIZE;
+    for (Py_ssize_t at = 1 + 2 * k; ok && at < words; at += 3) ok = p[at] >= 0 && p[at] < 256;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "add_record: not a record of count_into");
+        return NULL;
+    }
+    int64_t *dst = t.raw + row * RAW_SIZE;
+    for (Py_ssize_t j = 0; j < k; j++) dst[p[1 + 2 * j]] += p[2 + 2 * j];
+    float *a = t.amax + row, v = (float)value;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    if (!isfinite(value) && step < t.first[row]) t.first[row] = step;
+    double *dst_mass = t.mass + row * MASS_SIZE;
+    for (Py_ssize_t at = 1 + 2 * k; at < words; at += 3) {
+        double l1, l2;
+        memcpy(&l1, &p[at + 1], 8);
+        memcpy(&l2, &p[at + 2], 8);
+        dst_mass[p[at]] += l1;
+        dst_mass[256 + p[at]] += l2;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *accumulate(PyObject *self, PyObject *args) {
     unsigned long long raw_address, amax_address, first_address, mass_address;
     Py_ssize_t rows, row, length;
@@ -619,6 +706,11 @@ static PyMethodDef methods[] = {
     {"updates_rows", updates_rows, METH_VARARGS,
      "updates_rows(tables, lost, ((row, before, ((address, n), ...)), ...), last, n_formats, step): the "
      "updates of each row's parameters against their old values at before, added to that row; lost counts to lost"},
+    {"count_into", count_into, METH_VARARGS,
+     "count_into(tables, row, address, n, kind, step, with_mass) -> (amax, record): count n values and add them "
+     "to a row of the tables; record: the same observation for add_record"},
+    {"add_record", add_record, METH_VARARGS,
+     "add_record(tables, row, record, amax_value, step): add a record of count_into to a row of the tables"},
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate((raw, amax, first, masses, rows), row, pairs, amax_value, step, mass=None): add a tensor's "
      "pairs, amax and mass to a table row, the tables given by address"},
