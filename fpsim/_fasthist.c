@@ -80,20 +80,10 @@ static inline float f32_of(uint32_t u) {
 
 typedef struct {
     uint32_t h[LANES][1024];
-    uint64_t s1[LANES][256], s2[LANES][256]; /* per exponent field: sums of the significands and their squares */
 } lanes_t;
 
 #define MASS_CHUNK (1 << 16) /* values per fold of the significand sums: no lane's sum of squares can overflow */
 static double unit1[256], unit2[256]; /* the value of one significand unit (and its square) by exponent field */
-
-/* The mass of a float32 pattern U into lane LANE: |x| = significand * unit1[F], exactly, as integers. */
-#define MASS_ONE(LANE, U)                                                                          \
-    do {                                                                                           \
-        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                                \
-        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                                \
-        L->s1[LANE][f_] += s_;                                                                     \
-        L->s2[LANE][f_] += s_ * s_;                                                                \
-    } while (0)
 
 /* Class index of a float32 pattern (also of a bfloat16 pattern shifted up 16 bits). */
 #define F32_CLASS(u) ((((u) >> 22) & 0x3feu) | (((u) & 0x7fffffu) != 0))
@@ -123,9 +113,9 @@ static void init_tables(void) {
     }
 }
 
-/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); BITS(i)
-   is value i as a float32 pattern (exact widening), CLASS(i) its class. */
-#define COUNT_LOOP(CLASS, BITS, WITH_MASS)                                            \
+/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); CLASS(i) is
+   the class of value i. */
+#define COUNT_LOOP(CLASS)                                                             \
     do {                                                                              \
         Py_ssize_t i = 0;                                                             \
         if (lanes == LANES) {                                                         \
@@ -136,19 +126,9 @@ static void init_tables(void) {
                 h1[c1]++;                                                             \
                 h2[c2]++;                                                             \
                 h3[c3]++;                                                             \
-                if (WITH_MASS) {                                                      \
-                    MASS_ONE(0, BITS(i));                                             \
-                    MASS_ONE(1, BITS(i + 1));                                         \
-                    MASS_ONE(2, BITS(i + 2));                                         \
-                    MASS_ONE(3, BITS(i + 3));                                         \
-                }                                                                     \
             }                                                                         \
         }                                                                             \
-        for (; i < n; i++) {                                                          \
-            int lane = (int)(i & (lanes - 1));                                        \
-            L->h[lane][CLASS(i)]++;                                                   \
-            if (WITH_MASS) MASS_ONE(lane, BITS(i));                                   \
-        }                                                                             \
+        for (; i < n; i++) L->h[(int)(i & (lanes - 1))][CLASS(i)]++;                  \
     } while (0)
 
 #define F32_AT(i) (src32[i])
@@ -167,7 +147,7 @@ static inline uint32_t f16_bits32(uint32_t b) {
 }
 
 /* Counts of n values (n <= CHUNK) into the lanes; the largest magnitude bits (in the input's encoding). */
-static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_mass, int lanes, lanes_t *L) {
+static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int lanes, lanes_t *L) {
     uint32_t top = 0;
     const uint32_t *src32 = (const uint32_t *)data;
     const uint16_t *src16 = (const uint16_t *)data;
@@ -176,21 +156,84 @@ static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_m
             uint32_t a = src32[i] & 0x7fffffffu;
             top = a > top ? a : top;
         }
-        if (with_mass) COUNT_LOOP(F32_CLASS_AT, F32_AT, 1);
-        else COUNT_LOOP(F32_CLASS_AT, F32_AT, 0);
+        COUNT_LOOP(F32_CLASS_AT);
         return top;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t a = src16[i] & 0x7fffu;
         top = a > top ? a : top;
     }
-    if (kind == KIND_BF16) {
-        if (with_mass) COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 1);
-        else COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 0);
+    if (kind == KIND_BF16) COUNT_LOOP(BF16_CLASS_AT);
+    else COUNT_LOOP(F16_CLASS_AT);
+    return top;
+}
+
+/* With the mass, two increments per value instead of three: a 64-bit counter per class holds the class
+   count (bits 40 and up) and the sum of the significands (bits 0..39: at most MASS_CHUNK values of < 2^24,
+   so < 2^40), and one per exponent field the sum of the squared significands (< 2^64). */
+typedef struct {
+    uint64_t count_sum[LANES][1024];
+    uint64_t squares[LANES][256];
+} mass_lanes_t;
+
+#define SUM_BITS 40
+#define MASS_STEP(LANE, U)                                                                        \
+    do {                                                                                          \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                               \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                               \
+        M->count_sum[LANE][F32_CLASS(u_)] += ((uint64_t)1 << SUM_BITS) + s_;                      \
+        M->squares[LANE][f_] += s_ * s_;                                                          \
+    } while (0)
+
+#define MASS_LOOP(BITS)                                                                           \
+    do {                                                                                          \
+        Py_ssize_t i = 0;                                                                         \
+        if (lanes == LANES)                                                                       \
+            for (; i + 4 <= n; i += 4) {                                                          \
+                MASS_STEP(0, BITS(i));                                                            \
+                MASS_STEP(1, BITS(i + 1));                                                        \
+                MASS_STEP(2, BITS(i + 2));                                                        \
+                MASS_STEP(3, BITS(i + 3));                                                        \
+            }                                                                                     \
+        for (; i < n; i++) MASS_STEP((int)(i & (lanes - 1)), BITS(i));                           \
+    } while (0)
+
+/* Counts and mass of n values (n <= MASS_CHUNK) added to totals and mass; the largest magnitude bits. */
+static uint32_t count_chunk_mass(const void *data, Py_ssize_t n, int kind, int lanes, mass_lanes_t *M,
+                                 int64_t *totals, double *mass) {
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    uint32_t top = 0;
+    memset(M->count_sum, 0, sizeof(M->count_sum[0]) * lanes);
+    memset(M->squares, 0, sizeof(M->squares[0]) * lanes);
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        MASS_LOOP(F32_AT);
     } else {
-        if (with_mass) COUNT_LOOP(F16_CLASS_AT, F16_AT, 1);
-        else COUNT_LOOP(F16_CLASS_AT, F16_AT, 0);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src16[i] & 0x7fffu;
+            top = a > top ? a : top;
+        }
+        if (kind == KIND_BF16) MASS_LOOP(BF16_AT);
+        else MASS_LOOP(F16_AT);
     }
+    uint64_t sums[256] = {0};
+    for (int lane = 0; lane < lanes; lane++) {
+        for (int c = 0; c < 1024; c++) {
+            uint64_t v = M->count_sum[lane][c];
+            if (v) {
+                totals[c] += (int64_t)(v >> SUM_BITS);
+                sums[(c >> 1) & 0xff] += v & (((uint64_t)1 << SUM_BITS) - 1);
+            }
+        }
+        for (int f = 0; f < 255; f++) /* field 255: Inf and NaN, which carry no mass */
+            if (M->squares[lane][f]) mass[256 + f] += (double)M->squares[lane][f] * unit2[f];
+    }
+    for (int f = 0; f < 255; f++)
+        if (sums[f]) mass[f] += (double)sums[f] * unit1[f];
     return top;
 }
 
@@ -202,20 +245,11 @@ static double magnitude_of(uint32_t top, int kind) {
 
 static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
-/* Adds the first `lanes` lanes into totals (and mass), and clears them. */
-static void fold(lanes_t *L, int lanes, int64_t *totals, double *mass) {
+/* Adds the first `lanes` lanes into totals, and clears them. */
+static void fold(lanes_t *L, int lanes, int64_t *totals) {
     for (int lane = 0; lane < lanes; lane++) {
         for (int c = 0; c < 1024; c++) totals[c] += L->h[lane][c];
         memset(L->h[lane], 0, sizeof(L->h[lane]));
-        if (mass) { /* field 255: Inf and NaN, which carry no mass */
-            for (int f = 0; f < 255; f++)
-                if (L->s1[lane][f]) {
-                    mass[f] += (double)L->s1[lane][f] * unit1[f];
-                    mass[256 + f] += (double)L->s2[lane][f] * unit2[f];
-                }
-            memset(L->s1[lane], 0, sizeof(L->s1[lane]));
-            memset(L->s2[lane], 0, sizeof(L->s2[lane]));
-        }
     }
 }
 
@@ -287,6 +321,7 @@ static int count_halves_f32(const uint32_t *src, Py_ssize_t n, int64_t *totals, 
 /* Counts n values at `data` into totals (and mass); the largest magnitude bits. */
 static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *totals, double *mass) {
     lanes_t lanes_here, *L = &lanes_here; /* on the stack: the GIL is released, calls may overlap */
+    mass_lanes_t mass_lanes_here, *M = &mass_lanes_here;
     int lanes = n < ONE_LANE_BELOW ? 1 : LANES;
     uint32_t top = 0;
     int release = n >= NOGIL_FROM;
@@ -303,14 +338,15 @@ static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *
                 continue;
             }
         }
-        memset(L->h, 0, sizeof(L->h[0]) * lanes);
         if (mass) {
-            memset(L->s1, 0, sizeof(L->s1[0]) * lanes);
-            memset(L->s2, 0, sizeof(L->s2[0]) * lanes);
+            t = count_chunk_mass(chunk, part, kind, lanes, M, totals, mass);
+            top = t > top ? t : top;
+            continue;
         }
-        t = count_chunk(chunk, part, kind, mass != NULL, lanes, L);
+        memset(L->h, 0, sizeof(L->h[0]) * lanes);
+        t = count_chunk(chunk, part, kind, lanes, L);
         top = t > top ? t : top;
-        fold(L, lanes, totals, mass);
+        fold(L, lanes, totals);
     }
     if (release) PyEval_RestoreThread(state);
     return top;
