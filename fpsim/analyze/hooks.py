@@ -149,8 +149,8 @@ class Watcher:
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
-        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, record, counts,
-                                                        #                amax, mass): record from the kernel, else the rest
+        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, record,
+                                                        #   counts, amax, mass): a kernel record, else the rest
         self._dtypes: dict = {}                         # record name -> {torch dtype: tensors}
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
