@@ -625,6 +625,109 @@ static PyObject *record_of(const int64_t *totals, const double *mass) {
     return PyBytes_FromStringAndSize((const char *)packed, at * 8);
 }
 
+/* Small buffers with their mass (n < ONE_LANE_BELOW: the GIL is held, so one static set of counters serves,
+   kept zero between calls): the classes and fields a buffer touches are listed as they are first seen, so
+   that nothing of size 1024 is cleared, folded or scanned (the analyzer's hooks count thousands of small
+   tensors a step). */
+static uint64_t small_count_sum[1024];
+static uint64_t small_squares[256];
+
+typedef struct {
+    int classes, fields;
+    uint16_t class_of[1024], field_of[256];
+    int64_t count[1024];
+    double l1[256], l2[256];
+} sparse_t;
+
+#define SMALL_STEP(U)                                                                             \
+    do {                                                                                          \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu, c_ = F32_CLASS(u_);                           \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                               \
+        if (!small_count_sum[c_]) out->class_of[out->classes++] = (uint16_t)c_;                   \
+        small_count_sum[c_] += ((uint64_t)1 << SUM_BITS) + s_;                                    \
+        small_squares[f_] += s_ * s_;                                                             \
+    } while (0)
+
+/* Counts and mass of n < ONE_LANE_BELOW values as sparse lists (the same numbers count_chunk_mass gives);
+   the largest magnitude bits. */
+static uint32_t count_small(const void *data, Py_ssize_t n, int kind, sparse_t *out) {
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    uint32_t top = 0;
+    out->classes = out->fields = 0;
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+            SMALL_STEP(src32[i]);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src16[i] & 0x7fffu;
+            top = a > top ? a : top;
+        }
+        if (kind == KIND_BF16)
+            for (Py_ssize_t i = 0; i < n; i++) SMALL_STEP(BF16_AT(i));
+        else
+            for (Py_ssize_t i = 0; i < n; i++) SMALL_STEP(F16_AT(i));
+    }
+    int16_t slot[256];
+    memset(slot, -1, sizeof(slot));
+    uint64_t sums[256];
+    for (int j = 0; j < out->classes; j++) {
+        uint32_t c = out->class_of[j], f = (c >> 1) & 0xffu;
+        uint64_t v = small_count_sum[c];
+        small_count_sum[c] = 0;
+        out->count[j] = (int64_t)(v >> SUM_BITS);
+        if (f == 255u) continue; /* Inf and NaN carry no mass */
+        if (slot[f] < 0) {
+            slot[f] = (int16_t)out->fields;
+            out->field_of[out->fields] = (uint16_t)f;
+            sums[out->fields++] = 0;
+        }
+        sums[slot[f]] += v & (((uint64_t)1 << SUM_BITS) - 1);
+    }
+    small_squares[255] = 0;
+    for (int k = 0; k < out->fields; k++) {
+        uint32_t f = out->field_of[k];
+        out->l1[k] = (double)sums[k] * unit1[f];
+        out->l2[k] = (double)small_squares[f] * unit2[f];
+        small_squares[f] = 0;
+    }
+    return top;
+}
+
+/* count_into for a small buffer with its mass: added to the row and written as a record from the lists. */
+static PyObject *count_small_into(const tables_t *t, Py_ssize_t row, const void *data, Py_ssize_t n, int kind,
+                                  long long step) {
+    sparse_t out;
+    double amax = magnitude_of(count_small(data, n, kind, &out), kind);
+    int64_t *dst = t->raw + row * RAW_SIZE;
+    double *dst_mass = t->mass + row * MASS_SIZE;
+    int64_t packed[1 + 2 * 1024 + 3 * 256];
+    Py_ssize_t at = 1;
+    packed[0] = out.classes;
+    for (int j = 0; j < out.classes; j++) {
+        dst[out.class_of[j]] += out.count[j];
+        packed[at++] = out.class_of[j];
+        packed[at++] = out.count[j];
+    }
+    for (int k = 0; k < out.fields; k++) {
+        uint32_t f = out.field_of[k];
+        dst_mass[f] += out.l1[k];
+        dst_mass[256 + f] += out.l2[k];
+        packed[at++] = f;
+        memcpy(&packed[at++], &out.l1[k], 8);
+        memcpy(&packed[at++], &out.l2[k], 8);
+    }
+    float *a = t->amax + row, v = (float)amax;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    if (!isfinite(amax) && step < t->first[row]) t->first[row] = step;
+    PyObject *record = PyBytes_FromStringAndSize((const char *)packed, at * 8);
+    if (!record) return NULL;
+    return Py_BuildValue("(dN)", amax, record);
+}
+
 static PyObject *count_into(PyObject *self, PyObject *args) {
     PyObject *tables_obj;
     Py_ssize_t row, n;
@@ -639,6 +742,8 @@ static PyObject *count_into(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "count_into: need n >= 0 and a nonzero address, got n %zd", n);
         return NULL;
     }
+    if (with_mass && n < ONE_LANE_BELOW)
+        return count_small_into(&t, row, (const void *)(uintptr_t)address, n, kind, step);
     int64_t totals[1024] = {0};
     double mass[MASS_SIZE] = {0};
     uint32_t top = count_buffer((const char *)(uintptr_t)address, n, kind, totals, with_mass ? mass : NULL);
