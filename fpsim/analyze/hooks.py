@@ -631,10 +631,12 @@ class Watcher:
         version) is added again from its counts.
         """
 
-        if kind != "weight" and self._recipe_step():      # weights: _on_step_pre, parameter by parameter
+        if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
             self._probe_recipes(name, kind, tensor, unscale)
         store = self._store
-        row = store.row(name, kind, tensor)
+        row = store.index.get(kind, _NO_ROWS).get(name)
+        if row is None:
+            row = store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
         cached = self._counted.get(key)
         if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
@@ -909,6 +911,8 @@ def _plain_f32(t) -> bool:
 
 _PLAIN: list = []
 """What _plain_f32 compares with, once torch is imported."""
+_NO_ROWS: dict = {}
+"""The rows of a kind not recorded yet: none."""
 
 
 def _flat(tensors, copy: bool = False):
