@@ -766,7 +766,7 @@ static PyObject *add_record(PyObject *self, PyObject *args) {
         return NULL;
     const int64_t *p = (const int64_t *)bytes;
     Py_ssize_t words = length / 8, k = words ? p[0] : -1;
-    int ok = length % 8 == 0 && k >= 0 && 1 + 2 * k <= words && (words - 1 - 2 * k) % 3 == 0;
+    int ok = length % 8 == 0 && k >= 0 && k <= (words - 1) / 2 && (words - 1 - 2 * k) % 3 == 0;
     for (Py_ssize_t j = 0; ok && j < k; j++) ok = p[1 + 2 * j] >= 0 && p[1 + 2 * j] < RAW_SIZE;
     for (Py_ssize_t at = 1 + 2 * k; ok && at < words; at += 3) ok = p[at] >= 0 && p[at] < 256;
     if (!ok) {
