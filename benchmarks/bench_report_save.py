@@ -20,6 +20,7 @@ import time
 import torch
 
 from common import fastest, gpt_report
+from fpsim.analyze.report import PNG_OPTIONS
 
 
 def main() -> None:
@@ -42,12 +43,12 @@ def main() -> None:
     total_fixed = total_constrained = 0.0
     for name, build in report.figure_builders().items():
         def fixed():
-            build().savefig(io.BytesIO(), format="png", dpi=100)
+            build().savefig(io.BytesIO(), format="png", dpi=100, pil_kwargs=PNG_OPTIONS)
 
         def constrained():
             fig = build()
             fig.set_layout_engine("constrained")
-            fig.savefig(io.BytesIO(), format="png", dpi=100)
+            fig.savefig(io.BytesIO(), format="png", dpi=100, pil_kwargs=PNG_OPTIONS)
 
         t_fixed, t_constrained = fastest(fixed, args.repeats), fastest(constrained, args.repeats)
         total_fixed += t_fixed

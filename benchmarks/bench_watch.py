@@ -6,7 +6,9 @@ Each model trains `steps` steps from the same initial weights, unobserved,
 observed every step, observed every 10th step (op-level observation, the
 default, with the mass per binade) and observed every step with the scaling
 recipes measured every 10th (recipes_every=10: every FP8/FP6/FP4 recipe on
-each module's tensors), interleaved `repeats` times. A run's time
+each module's tensors), and under the peer, EmptyHooks: the hooks an observed
+step puts in place, doing nothing (what observing at the op level through
+torch's hooks costs before anything is counted), interleaved `repeats` times. A run's time
 is its mean step time after `warmup` steps, as CPU time of this process
 (torch runs one thread: other work on a shared machine does not count) and
 as wall-clock time; a configuration's time is the fastest of its runs (the
@@ -73,10 +75,64 @@ def layers500():
 MODELS = {"demo": demo_model, "gpt10m": gpt10m, "layers500": layers500}
 
 
+class EmptyHooks:
+    """The peer: the hooks fpsim.watch puts in place on an observed step, each doing nothing. A
+    TorchDispatchMode seeing every op of the model's forward (popped for backward and the optimizer step,
+    as fpsim's), global module forward pre/post hooks, a pre-hook on the autograd node of every op output
+    that a later op consumes, a hook on every parameter: what any op-level observer built on torch's hooks
+    costs before it counts anything."""
+
+    def __init__(self, model):
+        from torch.nn.modules import module as nn_module
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        hooked = set()
+
+        def nothing(*args):
+            return None
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                for a in args:
+                    node = getattr(a, "grad_fn", None)
+                    if node is not None and id(node) not in hooked:
+                        hooked.add(id(node))
+                        node.register_prehook(nothing)
+                return func(*args, **(kwargs or {}))
+
+        mode = Mode()
+
+        def before(module, args):
+            if module is model:
+                hooked.clear()
+                mode.__enter__()
+
+        def after(module, args, output):
+            if module is model:
+                mode.__exit__(None, None, None)
+
+        self.handles = [nn_module.register_module_forward_pre_hook(before),
+                        nn_module.register_module_forward_hook(after, always_call=True)]
+        self.handles += [p.register_hook(nothing) for p in model.parameters()]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
 def timed_run(model, make_optimizer, batch, loss_fn, steps: int, warmup: int, options: dict | None) -> tuple:
-    """(CPU, wall) mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(**options)."""
+    """(CPU, wall) mean seconds per step over the steps after `warmup`, optionally under fpsim.watch(**options)
+    (options "empty hooks": under EmptyHooks)."""
     optimizer = make_optimizer(model.parameters())
-    context = watch(model, **options) if options is not None else contextlib.nullcontext()
+    if options is None:
+        context = contextlib.nullcontext()
+    elif options == "empty hooks":
+        context = EmptyHooks(model)
+    else:
+        context = watch(model, **options)
     with context:
         for step in range(warmup + steps):
             if step == warmup:
@@ -117,7 +173,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = {"unobserved": None, "every step": {"every": 1}, "every 10 steps": {"every": 10},
-               "every step, recipes every 10": {"every": 1, "recipes_every": 10}}
+               "every step, recipes every 10": {"every": 1, "recipes_every": 10},
+               "peer: empty hooks": "empty hooks"}
     for key in args.models.split(","):
         title, initial, make_optimizer, batch, loss_fn = MODELS[key]()
         cpu, wall = {name: [] for name in configs}, {name: [] for name in configs}

@@ -28,6 +28,12 @@
  *   `items`, the updates of `parts` against the old values at address `before`, as updates counts them,
  *   added to that row, and their lost counts to the int64 [rows, n_formats] table at address `lost`.
  *
+ * count_into(tables, row, address, n, kind, step, with_mass) -> (amax, record): count as count does and
+ *   add the result to that row of the tables as accumulate does, in one call (the analyzer's hooks call
+ *   it for every tensor); record: bytes holding the same counts and mass, for add_record.
+ * add_record(tables, row, record, amax_value, step) -> None: add a record of count_into to a row (the
+ *   same tensor seen again, by another hook or under another name).
+ *
  * Addresses are those of contiguous CPU tensors (torch's data_ptr()), kept alive by the caller.
  * Sub-histograms indexed by i % 4 keep the increments of neighbouring values independent. The torch
  * code of histogram.py is the reference; tests hold the two, and an independent numpy count, equal
@@ -74,20 +80,10 @@ static inline float f32_of(uint32_t u) {
 
 typedef struct {
     uint32_t h[LANES][1024];
-    uint64_t s1[LANES][256], s2[LANES][256]; /* per exponent field: sums of the significands and their squares */
 } lanes_t;
 
 #define MASS_CHUNK (1 << 16) /* values per fold of the significand sums: no lane's sum of squares can overflow */
 static double unit1[256], unit2[256]; /* the value of one significand unit (and its square) by exponent field */
-
-/* The mass of a float32 pattern U into lane LANE: |x| = significand * unit1[F], exactly, as integers. */
-#define MASS_ONE(LANE, U)                                                                          \
-    do {                                                                                           \
-        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                                \
-        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                                \
-        L->s1[LANE][f_] += s_;                                                                     \
-        L->s2[LANE][f_] += s_ * s_;                                                                \
-    } while (0)
 
 /* Class index of a float32 pattern (also of a bfloat16 pattern shifted up 16 bits). */
 #define F32_CLASS(u) ((((u) >> 22) & 0x3feu) | (((u) & 0x7fffffu) != 0))
@@ -117,9 +113,9 @@ static void init_tables(void) {
     }
 }
 
-/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); BITS(i)
-   is value i as a float32 pattern (exact widening), CLASS(i) its class. */
-#define COUNT_LOOP(CLASS, BITS, WITH_MASS)                                            \
+/* Counts n values (n <= CHUNK) into `lanes` lanes (1 or LANES: value i into lane i % lanes); CLASS(i) is
+   the class of value i. */
+#define COUNT_LOOP(CLASS)                                                             \
     do {                                                                              \
         Py_ssize_t i = 0;                                                             \
         if (lanes == LANES) {                                                         \
@@ -130,19 +126,9 @@ static void init_tables(void) {
                 h1[c1]++;                                                             \
                 h2[c2]++;                                                             \
                 h3[c3]++;                                                             \
-                if (WITH_MASS) {                                                      \
-                    MASS_ONE(0, BITS(i));                                             \
-                    MASS_ONE(1, BITS(i + 1));                                         \
-                    MASS_ONE(2, BITS(i + 2));                                         \
-                    MASS_ONE(3, BITS(i + 3));                                         \
-                }                                                                     \
             }                                                                         \
         }                                                                             \
-        for (; i < n; i++) {                                                          \
-            int lane = (int)(i & (lanes - 1));                                        \
-            L->h[lane][CLASS(i)]++;                                                   \
-            if (WITH_MASS) MASS_ONE(lane, BITS(i));                                   \
-        }                                                                             \
+        for (; i < n; i++) L->h[(int)(i & (lanes - 1))][CLASS(i)]++;                  \
     } while (0)
 
 #define F32_AT(i) (src32[i])
@@ -161,7 +147,7 @@ static inline uint32_t f16_bits32(uint32_t b) {
 }
 
 /* Counts of n values (n <= CHUNK) into the lanes; the largest magnitude bits (in the input's encoding). */
-static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_mass, int lanes, lanes_t *L) {
+static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int lanes, lanes_t *L) {
     uint32_t top = 0;
     const uint32_t *src32 = (const uint32_t *)data;
     const uint16_t *src16 = (const uint16_t *)data;
@@ -170,21 +156,84 @@ static uint32_t count_chunk(const void *data, Py_ssize_t n, int kind, int with_m
             uint32_t a = src32[i] & 0x7fffffffu;
             top = a > top ? a : top;
         }
-        if (with_mass) COUNT_LOOP(F32_CLASS_AT, F32_AT, 1);
-        else COUNT_LOOP(F32_CLASS_AT, F32_AT, 0);
+        COUNT_LOOP(F32_CLASS_AT);
         return top;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t a = src16[i] & 0x7fffu;
         top = a > top ? a : top;
     }
-    if (kind == KIND_BF16) {
-        if (with_mass) COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 1);
-        else COUNT_LOOP(BF16_CLASS_AT, BF16_AT, 0);
+    if (kind == KIND_BF16) COUNT_LOOP(BF16_CLASS_AT);
+    else COUNT_LOOP(F16_CLASS_AT);
+    return top;
+}
+
+/* With the mass, two increments per value instead of three: a 64-bit counter per class holds the class
+   count (bits 40 and up) and the sum of the significands (bits 0..39: at most MASS_CHUNK values of < 2^24,
+   so < 2^40), and one per exponent field the sum of the squared significands (< 2^64). */
+typedef struct {
+    uint64_t count_sum[LANES][1024];
+    uint64_t squares[LANES][256];
+} mass_lanes_t;
+
+#define SUM_BITS 40
+#define MASS_STEP(LANE, U)                                                                        \
+    do {                                                                                          \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu;                                               \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                               \
+        M->count_sum[LANE][F32_CLASS(u_)] += ((uint64_t)1 << SUM_BITS) + s_;                      \
+        M->squares[LANE][f_] += s_ * s_;                                                          \
+    } while (0)
+
+#define MASS_LOOP(BITS)                                                                           \
+    do {                                                                                          \
+        Py_ssize_t i = 0;                                                                         \
+        if (lanes == LANES)                                                                       \
+            for (; i + 4 <= n; i += 4) {                                                          \
+                MASS_STEP(0, BITS(i));                                                            \
+                MASS_STEP(1, BITS(i + 1));                                                        \
+                MASS_STEP(2, BITS(i + 2));                                                        \
+                MASS_STEP(3, BITS(i + 3));                                                        \
+            }                                                                                     \
+        for (; i < n; i++) MASS_STEP((int)(i & (lanes - 1)), BITS(i));                           \
+    } while (0)
+
+/* Counts and mass of n values (n <= MASS_CHUNK) added to totals and mass; the largest magnitude bits. */
+static uint32_t count_chunk_mass(const void *data, Py_ssize_t n, int kind, int lanes, mass_lanes_t *M,
+                                 int64_t *totals, double *mass) {
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    uint32_t top = 0;
+    memset(M->count_sum, 0, sizeof(M->count_sum[0]) * lanes);
+    memset(M->squares, 0, sizeof(M->squares[0]) * lanes);
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+        }
+        MASS_LOOP(F32_AT);
     } else {
-        if (with_mass) COUNT_LOOP(F16_CLASS_AT, F16_AT, 1);
-        else COUNT_LOOP(F16_CLASS_AT, F16_AT, 0);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src16[i] & 0x7fffu;
+            top = a > top ? a : top;
+        }
+        if (kind == KIND_BF16) MASS_LOOP(BF16_AT);
+        else MASS_LOOP(F16_AT);
     }
+    uint64_t sums[256] = {0};
+    for (int lane = 0; lane < lanes; lane++) {
+        for (int c = 0; c < 1024; c++) {
+            uint64_t v = M->count_sum[lane][c];
+            if (v) {
+                totals[c] += (int64_t)(v >> SUM_BITS);
+                sums[(c >> 1) & 0xff] += v & (((uint64_t)1 << SUM_BITS) - 1);
+            }
+        }
+        for (int f = 0; f < 255; f++) /* field 255: Inf and NaN, which carry no mass */
+            if (M->squares[lane][f]) mass[256 + f] += (double)M->squares[lane][f] * unit2[f];
+    }
+    for (int f = 0; f < 255; f++)
+        if (sums[f]) mass[f] += (double)sums[f] * unit1[f];
     return top;
 }
 
@@ -196,20 +245,11 @@ static double magnitude_of(uint32_t top, int kind) {
 
 static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
-/* Adds the first `lanes` lanes into totals (and mass), and clears them. */
-static void fold(lanes_t *L, int lanes, int64_t *totals, double *mass) {
+/* Adds the first `lanes` lanes into totals, and clears them. */
+static void fold(lanes_t *L, int lanes, int64_t *totals) {
     for (int lane = 0; lane < lanes; lane++) {
         for (int c = 0; c < 1024; c++) totals[c] += L->h[lane][c];
         memset(L->h[lane], 0, sizeof(L->h[lane]));
-        if (mass) { /* field 255: Inf and NaN, which carry no mass */
-            for (int f = 0; f < 255; f++)
-                if (L->s1[lane][f]) {
-                    mass[f] += (double)L->s1[lane][f] * unit1[f];
-                    mass[256 + f] += (double)L->s2[lane][f] * unit2[f];
-                }
-            memset(L->s1[lane], 0, sizeof(L->s1[lane]));
-            memset(L->s2[lane], 0, sizeof(L->s2[lane]));
-        }
     }
 }
 
@@ -281,6 +321,7 @@ static int count_halves_f32(const uint32_t *src, Py_ssize_t n, int64_t *totals, 
 /* Counts n values at `data` into totals (and mass); the largest magnitude bits. */
 static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *totals, double *mass) {
     lanes_t lanes_here, *L = &lanes_here; /* on the stack: the GIL is released, calls may overlap */
+    mass_lanes_t mass_lanes_here, *M = &mass_lanes_here;
     int lanes = n < ONE_LANE_BELOW ? 1 : LANES;
     uint32_t top = 0;
     int release = n >= NOGIL_FROM;
@@ -297,14 +338,15 @@ static uint32_t count_buffer(const char *data, Py_ssize_t n, int kind, int64_t *
                 continue;
             }
         }
-        memset(L->h, 0, sizeof(L->h[0]) * lanes);
         if (mass) {
-            memset(L->s1, 0, sizeof(L->s1[0]) * lanes);
-            memset(L->s2, 0, sizeof(L->s2[0]) * lanes);
+            t = count_chunk_mass(chunk, part, kind, lanes, M, totals, mass);
+            top = t > top ? t : top;
+            continue;
         }
-        t = count_chunk(chunk, part, kind, mass != NULL, lanes, L);
+        memset(L->h, 0, sizeof(L->h[0]) * lanes);
+        t = count_chunk(chunk, part, kind, lanes, L);
         top = t > top ? t : top;
-        fold(L, lanes, totals, mass);
+        fold(L, lanes, totals);
     }
     if (release) PyEval_RestoreThread(state);
     return top;
@@ -561,6 +603,192 @@ static PyObject *updates_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A record of one observation: int64 k, then k (class, count) pairs, then (field, |x| sum, x^2 sum) triples
+   (the sums' float64 bits) for the fields with mass. */
+static PyObject *record_of(const int64_t *totals, const double *mass) {
+    int64_t packed[1 + 2 * 1024 + 3 * 256];
+    Py_ssize_t k = 0, at = 1;
+    for (int c = 0; c < 1024; c++)
+        if (totals[c]) {
+            packed[at++] = c;
+            packed[at++] = totals[c];
+            k++;
+        }
+    packed[0] = k;
+    if (mass)
+        for (int f = 0; f < 256; f++)
+            if (mass[f] != 0.0 || mass[256 + f] != 0.0) {
+                packed[at++] = f;
+                memcpy(&packed[at++], &mass[f], 8);
+                memcpy(&packed[at++], &mass[256 + f], 8);
+            }
+    return PyBytes_FromStringAndSize((const char *)packed, at * 8);
+}
+
+/* Small buffers with their mass (n < ONE_LANE_BELOW: the GIL is held, so one static set of counters serves,
+   kept zero between calls): the classes and fields a buffer touches are listed as they are first seen, so
+   that nothing of size 1024 is cleared, folded or scanned (the analyzer's hooks count thousands of small
+   tensors a step). */
+static uint64_t small_count_sum[1024];
+static uint64_t small_squares[256];
+
+typedef struct {
+    int classes, fields;
+    uint16_t class_of[1024], field_of[256];
+    int64_t count[1024];
+    double l1[256], l2[256];
+} sparse_t;
+
+#define SMALL_STEP(U)                                                                             \
+    do {                                                                                          \
+        uint32_t u_ = (U), f_ = (u_ >> 23) & 0xffu, c_ = F32_CLASS(u_);                           \
+        uint64_t s_ = (u_ & 0x7fffffu) | (uint32_t)(f_ != 0) << 23;                               \
+        if (!small_count_sum[c_]) out->class_of[out->classes++] = (uint16_t)c_;                   \
+        small_count_sum[c_] += ((uint64_t)1 << SUM_BITS) + s_;                                    \
+        small_squares[f_] += s_ * s_;                                                             \
+    } while (0)
+
+/* Counts and mass of n < ONE_LANE_BELOW values as sparse lists (the same numbers count_chunk_mass gives);
+   the largest magnitude bits. */
+static uint32_t count_small(const void *data, Py_ssize_t n, int kind, sparse_t *out) {
+    const uint32_t *src32 = (const uint32_t *)data;
+    const uint16_t *src16 = (const uint16_t *)data;
+    uint32_t top = 0;
+    out->classes = out->fields = 0;
+    if (kind == KIND_F32) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src32[i] & 0x7fffffffu;
+            top = a > top ? a : top;
+            SMALL_STEP(src32[i]);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t a = src16[i] & 0x7fffu;
+            top = a > top ? a : top;
+        }
+        if (kind == KIND_BF16)
+            for (Py_ssize_t i = 0; i < n; i++) SMALL_STEP(BF16_AT(i));
+        else
+            for (Py_ssize_t i = 0; i < n; i++) SMALL_STEP(F16_AT(i));
+    }
+    int16_t slot[256];
+    memset(slot, -1, sizeof(slot));
+    uint64_t sums[256];
+    for (int j = 0; j < out->classes; j++) {
+        uint32_t c = out->class_of[j], f = (c >> 1) & 0xffu;
+        uint64_t v = small_count_sum[c];
+        small_count_sum[c] = 0;
+        out->count[j] = (int64_t)(v >> SUM_BITS);
+        if (f == 255u) continue; /* Inf and NaN carry no mass */
+        if (slot[f] < 0) {
+            slot[f] = (int16_t)out->fields;
+            out->field_of[out->fields] = (uint16_t)f;
+            sums[out->fields++] = 0;
+        }
+        sums[slot[f]] += v & (((uint64_t)1 << SUM_BITS) - 1);
+    }
+    small_squares[255] = 0;
+    for (int k = 0; k < out->fields; k++) {
+        uint32_t f = out->field_of[k];
+        out->l1[k] = (double)sums[k] * unit1[f];
+        out->l2[k] = (double)small_squares[f] * unit2[f];
+        small_squares[f] = 0;
+    }
+    return top;
+}
+
+/* count_into for a small buffer with its mass: added to the row and written as a record from the lists. */
+static PyObject *count_small_into(const tables_t *t, Py_ssize_t row, const void *data, Py_ssize_t n, int kind,
+                                  long long step) {
+    sparse_t out;
+    double amax = magnitude_of(count_small(data, n, kind, &out), kind);
+    int64_t *dst = t->raw + row * RAW_SIZE;
+    double *dst_mass = t->mass + row * MASS_SIZE;
+    int64_t packed[1 + 2 * 1024 + 3 * 256];
+    Py_ssize_t at = 1;
+    packed[0] = out.classes;
+    for (int j = 0; j < out.classes; j++) {
+        dst[out.class_of[j]] += out.count[j];
+        packed[at++] = out.class_of[j];
+        packed[at++] = out.count[j];
+    }
+    for (int k = 0; k < out.fields; k++) {
+        uint32_t f = out.field_of[k];
+        dst_mass[f] += out.l1[k];
+        dst_mass[256 + f] += out.l2[k];
+        packed[at++] = f;
+        memcpy(&packed[at++], &out.l1[k], 8);
+        memcpy(&packed[at++], &out.l2[k], 8);
+    }
+    float *a = t->amax + row, v = (float)amax;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    if (!isfinite(amax) && step < t->first[row]) t->first[row] = step;
+    PyObject *record = PyBytes_FromStringAndSize((const char *)packed, at * 8);
+    if (!record) return NULL;
+    return Py_BuildValue("(dN)", amax, record);
+}
+
+static PyObject *count_into(PyObject *self, PyObject *args) {
+    PyObject *tables_obj;
+    Py_ssize_t row, n;
+    unsigned long long address;
+    int kind, with_mass;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "OnKniLp", &tables_obj, &row, &address, &n, &kind, &step, &with_mass) ||
+        !check_kind(kind) || !tables_of(tables_obj, &t) || !row_in(&t, row))
+        return NULL;
+    if (n < 0 || (n && !address)) {
+        PyErr_Format(PyExc_ValueError, "count_into: need n >= 0 and a nonzero address, got n %zd", n);
+        return NULL;
+    }
+    if (with_mass && n < ONE_LANE_BELOW)
+        return count_small_into(&t, row, (const void *)(uintptr_t)address, n, kind, step);
+    int64_t totals[1024] = {0};
+    double mass[MASS_SIZE] = {0};
+    uint32_t top = count_buffer((const char *)(uintptr_t)address, n, kind, totals, with_mass ? mass : NULL);
+    double amax = magnitude_of(top, kind);
+    add_row(&t, row, totals, amax, step, with_mass ? mass : NULL);
+    PyObject *record = record_of(totals, with_mass ? mass : NULL);
+    if (!record) return NULL;
+    return Py_BuildValue("(dN)", amax, record);
+}
+
+static PyObject *add_record(PyObject *self, PyObject *args) {
+    PyObject *tables_obj;
+    Py_ssize_t row, length;
+    const char *bytes;
+    double value;
+    long long step;
+    tables_t t;
+    if (!PyArg_ParseTuple(args, "Ony#dL", &tables_obj, &row, &bytes, &length, &value, &step) ||
+        !tables_of(tables_obj, &t) || !row_in(&t, row))
+        return NULL;
+    const int64_t *p = (const int64_t *)bytes;
+    Py_ssize_t words = length / 8, k = words ? p[0] : -1;
+    int ok = length % 8 == 0 && k >= 0 && k <= (words - 1) / 2 && (words - 1 - 2 * k) % 3 == 0;
+    for (Py_ssize_t j = 0; ok && j < k; j++) ok = p[1 + 2 * j] >= 0 && p[1 + 2 * j] < RAW_SIZE;
+    for (Py_ssize_t at = 1 + 2 * k; ok && at < words; at += 3) ok = p[at] >= 0 && p[at] < 256;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "add_record: not a record of count_into");
+        return NULL;
+    }
+    int64_t *dst = t.raw + row * RAW_SIZE;
+    for (Py_ssize_t j = 0; j < k; j++) dst[p[1 + 2 * j]] += p[2 + 2 * j];
+    float *a = t.amax + row, v = (float)value;
+    if (isnan(v) || v > *a) *a = isnan(*a) ? *a : v;
+    if (!isfinite(value) && step < t.first[row]) t.first[row] = step;
+    double *dst_mass = t.mass + row * MASS_SIZE;
+    for (Py_ssize_t at = 1 + 2 * k; at < words; at += 3) {
+        double l1, l2;
+        memcpy(&l1, &p[at + 1], 8);
+        memcpy(&l2, &p[at + 2], 8);
+        dst_mass[p[at]] += l1;
+        dst_mass[256 + p[at]] += l2;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *accumulate(PyObject *self, PyObject *args) {
     unsigned long long raw_address, amax_address, first_address, mass_address;
     Py_ssize_t rows, row, length;
@@ -619,6 +847,11 @@ static PyMethodDef methods[] = {
     {"updates_rows", updates_rows, METH_VARARGS,
      "updates_rows(tables, lost, ((row, before, ((address, n), ...)), ...), last, n_formats, step): the "
      "updates of each row's parameters against their old values at before, added to that row; lost counts to lost"},
+    {"count_into", count_into, METH_VARARGS,
+     "count_into(tables, row, address, n, kind, step, with_mass) -> (amax, record): count n values and add them "
+     "to a row of the tables; record: the same observation for add_record"},
+    {"add_record", add_record, METH_VARARGS,
+     "add_record(tables, row, record, amax_value, step): add a record of count_into to a row of the tables"},
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate((raw, amax, first, masses, rows), row, pairs, amax_value, step, mass=None): add a tensor's "
      "pairs, amax and mass to a table row, the tables given by address"},

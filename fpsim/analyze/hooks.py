@@ -149,7 +149,8 @@ class Watcher:
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
-        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, counts, amax, mass)
+        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, record,
+                                                        #   counts, amax, mass): a kernel record, else the rest
         self._dtypes: dict = {}                         # record name -> {torch dtype: tensors}
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
@@ -630,25 +631,42 @@ class Watcher:
         version) is added again from its counts.
         """
 
-        if kind != "weight" and self._recipe_step():      # weights: _on_step_pre, parameter by parameter
+        if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
             self._probe_recipes(name, kind, tensor, unscale)
-        row = self._store.row(name, kind, tensor)
+        store = self._store
+        row = store.index.get(kind, _NO_ROWS).get(name)
+        if row is None:
+            row = store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
         cached = self._counted.get(key)
         if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
-            counts, amax, mass = cached[3], cached[4], cached[5]
+            record, counts, amax, mass = cached[3:]
+            if record is not None:
+                store.add_record(row, record, amax, self.step)
+            else:
+                store.add(row, counts, amax, self.step, mass=mass)
+            return row, record if record is not None else counts
+        with_mass = kind != "update"
+        record = counts = mass = None
+        if store.on_host and not (unscale and self._inverse_scale is not None) and self._counter.on_host(tensor):
+            n = tensor.numel()          # the kernel reads the tensor as it is and adds it to the row at once
+            if not n:
+                return row, None
+            amax, record = store.count_into(row, tensor.data_ptr(), n, self._counter.kind_of(tensor), self.step,
+                                            with_mass)
         else:
             counts, amax, mass = self._counts_of(tensor, unscale and self._inverse_scale is not None)
             if counts is None:
                 return row, None
+            store.add(row, counts, amax, self.step, mass=mass if with_mass else None)
+        if with_mass:                   # (updates are fresh tensors: never seen again)
             try:
-                self._counted[key] = (weakref.ref(tensor), version, unscale, counts, amax, mass)
+                self._counted[key] = (weakref.ref(tensor), version, unscale, record, counts, amax, mass)
                 if len(self._counted) > COUNTED_CACHE:
                     del self._counted[next(iter(self._counted))]
             except TypeError:   # a tensor type without weak references: not kept
                 pass
-        self._store.add(row, counts, amax, self.step, mass=None if kind == "update" else mass)
-        return row, counts
+        return row, record if record is not None else counts
 
     def _recipe_step(self) -> bool:
         return self.recipes is not None and self._sampled and self.recipes.wants(self.step)
@@ -882,10 +900,19 @@ def _check_modules(spec):
 
 def _plain_f32(t) -> bool:
     """A plain, dense, contiguous float32 CPU tensor (what the compiled update counter reads)."""
-    import torch
+    if not _PLAIN:
+        import torch
 
-    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu"
-            and t.layout == torch.strided and t.is_contiguous() and not t.is_neg())
+        _PLAIN.extend(((torch.Tensor, torch.nn.Parameter), torch.float32, torch.strided))
+    plain, float32, strided = _PLAIN   # (runs for every parameter and gradient of a step: attributes that cost least)
+    return (t.__class__ in plain and t.dtype is float32 and t.is_cpu and t.layout is strided and t.is_contiguous()
+            and not t.is_neg())
+
+
+_PLAIN: list = []
+"""What _plain_f32 compares with, once torch is imported."""
+_NO_ROWS: dict = {}
+"""The rows of a kind not recorded yet: none."""
 
 
 def _flat(tensors, copy: bool = False):

@@ -164,6 +164,28 @@ class Store:
         if self._gradient[row]:
             self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
 
+    def count_into(self, row: int, address: int, n: int, kind: int, step: int, mass: bool = True):
+        """Count n values of a CPU buffer (kind as the kernel's: 0 float32, 1 float16, 2 bfloat16) into `row` at
+        once, with their mass when `mass`: one kernel call. Only for CPU tables (`on_host`). (amax, record):
+        the record adds the same observation again through `add_record`."""
+        amax, record = _fasthist.count_into(self._host, row, address, n, kind, step, mass)
+        self.samples[row] += 1
+        if self._gradient[row]:
+            self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
+        return amax, record
+
+    def add_record(self, row: int, record: bytes, amax: float, step: int) -> None:
+        """Add an observation counted by `count_into` (under another row: the same tensor seen again) to `row`."""
+        _fasthist.add_record(self._host, row, record, amax, step)
+        self.samples[row] += 1
+        if self._gradient[row]:
+            self._step_gradient_amax = nan_max(self._step_gradient_amax, amax)
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the tables are CPU ones the kernel writes into (count_into, add_record)."""
+        return self._host is not None
+
     def count_rows(self, items, kind: int, step: int, samples=None, mass: bool = True) -> None:
         """Count CPU buffers into rows with the kernel, one observation per row: items ((row, ((address, n),
         ...)), ...), kind as the kernel's (0 float32, 1 float16, 2 bfloat16), samples: the tensors each item

@@ -68,16 +68,17 @@ def series_style(i: int) -> dict:
 
 def figure(width: float, height: float, *, layout: str | None = "constrained", rows: int = 0, cols: int = 1,
            **subplot_kw):
-    """A Figure on the Agg canvas, outside pyplot's state, and (with rows) its axes as a 2-d array.
+    """A Figure on the Agg canvas (fpsim.plots.canvas), outside pyplot's state, and (with rows) its axes (2-d).
 
     layout: "constrained" fits the labels for you (it costs a layout pass per save); None keeps
     fixed margins, set by the caller, for figures drawn often (the analyzer's report).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from .canvas import canvas_class
+
     fig = Figure(figsize=(width, height), layout=layout)
-    FigureCanvasAgg(fig)
+    canvas_class()(fig)
     if rows:
         return fig, fig.subplots(rows, cols, squeeze=False, **subplot_kw)
     return fig

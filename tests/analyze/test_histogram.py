@@ -168,3 +168,26 @@ def test_mass_per_binade_matches_numpy(kernel, dtype):
     assert_same(Log2Histogram.from_raw(np.asarray(counts)), numpy_count(widened))
     np.testing.assert_allclose(np.asarray(mass), numpy_mass(widened), rtol=1e-12, atol=0)
     assert math.isnan(float(amax))   # awkward_values holds a NaN
+
+
+@pytest.mark.skipif(not kernel_available(), reason="the compiled kernel was not built")
+@pytest.mark.parametrize("n", [1, 600, 4095, 4096, 70_000], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_count_into_a_row_and_its_record_match_numpy(n, dtype):
+    """The hooks' one-call path (Store.count_into: sparse lists below 4096 values, the lanes above) and the
+    record that adds the same tensor again under another row, against numpy's counts and mass."""
+    from fpsim.analyze.store import Store
+
+    values = awkward_values(n, 11)[-n:] if n > 1 else np.array([np.nan], np.float32)
+    t = torch.from_numpy(values).to(dtype)
+    widened = t.float().numpy()
+    store = Store(n_formats=1)
+    first, again = store.row("op", "activation", t), store.row("module", "activation", t)
+    amax, record = store.count_into(first, t.data_ptr(), t.numel(), Log2Counter().kind_of(t), step=3)
+    store.add_record(again, record, amax, step=4)
+    snapshot = store.snapshot()
+    for row, step in ((first, 3), (again, 4)):
+        assert_same(Log2Histogram.from_raw(snapshot.raw[row]), numpy_count(widened))
+        np.testing.assert_allclose(snapshot.mass[row], numpy_mass(widened), rtol=1e-12, atol=0)
+        assert math.isnan(snapshot.amax[row]) and snapshot.first_nonfinite[row] == step
+    assert list(snapshot.samples) == [1, 1]

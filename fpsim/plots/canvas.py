@@ -1,0 +1,82 @@
+"""The Agg canvas every fpsim figure is drawn on: matplotlib's own, with plain text rasterised a string
+at a time.
+
+matplotlib 3.11's Agg renderer lays out each string with libraqm and then renders it glyph by glyph
+from Python (a FreeType call, a transform and a blit per glyph), and it shapes the string twice: to
+measure it and to draw it. A report figure holds a few hundred labels, so that is most of its time.
+This renderer shapes each string once per figure (FT2Font.set_text, the call the measurement makes
+anyway), rasterises the whole string into one bitmap with FreeType (draw_glyphs_to_bitmap: the way
+matplotlib drew text up to 3.10) and blits it once; a string drawn again on the same figure reuses
+its bitmap. Same fonts, hinting, kerning and placement (to a pixel); mathtext, TeX and anything this
+path cannot do go to matplotlib's own path.
+"""
+
+from __future__ import annotations
+
+import math
+
+_CLASSES: list = []
+
+
+def canvas_class():
+    """FigureCanvasAgg with the renderer described above (made on first use: matplotlib is imported lazily)."""
+    if _CLASSES:
+        return _CLASSES[0]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
+
+    class StringRenderer(RendererAgg):
+        """RendererAgg drawing plain text a whole string at a time (see the module doc)."""
+
+        def __init__(self, width, height, dpi):
+            super().__init__(width, height, dpi)
+            self._strings: dict = {}   # (text, font, size, flags) -> (width, height, descent, bitmap, x, y offsets)
+
+        def _string(self, s, prop):
+            font = self._prepare_font(prop)
+            flags = get_hinting_flag()
+            key = (s, font.fname, prop.get_size_in_points(), flags)
+            entry = self._strings.get(key)
+            if entry is None:
+                font.set_text(s, 0.0, flags=flags)
+                width, height = font.get_width_height()
+                font.draw_glyphs_to_bitmap(antialiased=True)
+                entry = self._strings[key] = (width / 64.0, height / 64.0, font.get_descent() / 64.0,
+                                              font.get_image(), *font.get_bitmap_offset())
+            return entry
+
+        def get_text_width_height_descent(self, s, prop, ismath):
+            if ismath:
+                return super().get_text_width_height_descent(s, prop, ismath)
+            width, height, descent = self._string(s, prop)[:3]
+            return width, height, descent
+
+        def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+            if ismath or not gc.get_antialiased():
+                return super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
+            _, _, descent, bitmap, x_offset, y_offset = self._string(s, prop)
+            # as matplotlib 3.10's draw_text: the bitmap's corner, moved by the descent along the angle
+            x = round(x + x_offset / 64.0 + descent * math.sin(math.radians(angle)))
+            y = round(y + y_offset / 64.0 + descent * math.cos(math.radians(angle)))
+            self._renderer.draw_text_image(bitmap, x, y + 1, angle, gc)
+
+    class StringCanvas(FigureCanvasAgg):
+        """FigureCanvasAgg drawing through StringRenderer."""
+
+        def get_renderer(self):
+            w, h = self.get_width_height(physical=True)
+            key = w, h, self.figure.dpi
+            if self._lastKey != key:
+                self.renderer = StringRenderer(w, h, self.figure.dpi)
+                self._lastKey = key
+            return self.renderer
+
+    try:   # the matplotlib internals this uses; without them, matplotlib's canvas as it is
+        from matplotlib.ft2font import FT2Font
+
+        needed = ("set_text", "get_width_height", "draw_glyphs_to_bitmap", "get_image", "get_bitmap_offset",
+                  "get_descent")
+        usable = all(hasattr(FT2Font, name) for name in needed) and hasattr(RendererAgg, "_prepare_font")
+    except ImportError:
+        usable = False
+    _CLASSES.append(StringCanvas if usable else FigureCanvasAgg)
+    return _CLASSES[0]
