@@ -252,6 +252,89 @@ static void FN(ties_of)(const kernel_t *k, const word_t *src, const uint32_t *u0
     }
 }
 
+#if W == 32
+/* Float64 input in one pass per chunk (the kernel's `narrowed` route: deterministic modes, the band
+   and the grid below it in float32): each element is rounded to odd at float32's precision in the
+   register (narrow_one), rounded by band_one or below_one, and written in the output's type, so that
+   nothing goes through a buffer between the steps. `out_type`: the output's element (OUT_TYPE_*).
+   narrow_one's conversion rounds toward zero: the caller sets MXCSR (narrowed_rounding). */
+static ALWAYS_INLINE void FN(put)(const int out_type, void *restrict dst, Py_ssize_t i, word_t res) {
+    switch (out_type) {
+    case OUT_TYPE_F64: ((double *)dst)[i] = (double)FN(as_float)(res); break; /* exact */
+    case OUT_TYPE_U8: ((uint8_t *)dst)[i] = (uint8_t)res; break;
+    case OUT_TYPE_U16: ((uint16_t *)dst)[i] = (uint16_t)res; break;
+    default: ((uint32_t *)dst)[i] = res; /* float32 values, or codes of 4 bytes */
+    }
+}
+
+#define NARROWED_ARGS                                                                                    \
+    const kernel_t *k, const uint64_t *restrict src, void *restrict dst, word_t *restrict below, Py_ssize_t n, \
+        Py_ssize_t n_below
+typedef Py_ssize_t (*FN(narrowed_fn))(NARROWED_ARGS);
+
+static ALWAYS_INLINE Py_ssize_t FN(narrowed_band_loop)(const int mode, const int out_type, NARROWED_ARGS) {
+    const int codes = out_type >= OUT_TYPE_U8;
+    const FN(facts_t) f = FN(facts)(k);
+    word_t count = 0;
+    (void)n_below;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        word_t is_below, tie;
+        const word_t res = FN(band_one)(mode, codes, EXACT_DRAW, &f, narrow_one(src[i]), 0, 0, &is_below, &tie);
+        FN(put)(out_type, dst, i, res);
+        below[i] = is_below;
+        count += is_below;
+    }
+    return (Py_ssize_t)count;
+}
+
+/* The n_below elements marked in `below`, over the chunk when they are many, else one by one. */
+static ALWAYS_INLINE Py_ssize_t FN(narrowed_below_loop)(const int mode, const int out_type, NARROWED_ARGS) {
+    const int codes = out_type >= OUT_TYPE_U8;
+    const FN(facts_t) f = FN(facts)(k);
+    if (n_below * 16 > n) { /* the band's result is rewritten where the element is below it */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            word_t tie;
+            const word_t res = FN(below_one)(mode, codes, EXACT_DRAW, &f, narrow_one(src[i]), 0, 0, &tie);
+            if (below[i]) FN(put)(out_type, dst, i, res);
+        }
+    } else {
+        for (Py_ssize_t g = 0; g < n; g += 16) {
+            const Py_ssize_t end = g + 16 < n ? g + 16 : n;
+            word_t any = 0;
+            for (Py_ssize_t i = g; i < end; i++) any |= below[i];
+            if (!any) continue;
+            for (Py_ssize_t i = g; i < end; i++) {
+                if (!below[i]) continue;
+                word_t tie;
+                FN(put)(out_type, dst, i, FN(below_one)(mode, codes, EXACT_DRAW, &f, narrow_one(src[i]), 0, 0, &tie));
+            }
+        }
+    }
+    return 0;
+}
+
+#define DEFINE_NARROWED(MODE, PART, TYPE)                                                                 \
+    MULTIVERSION static Py_ssize_t FN(narrowed_##PART##_##MODE##_##TYPE)(NARROWED_ARGS) {                   \
+        return FN(narrowed_##PART##_loop)(MODE, OUT_TYPE_##TYPE, k, src, dst, below, n, n_below);            \
+    }
+#define DEFINE_NARROWED_MODE(MODE)                                                                        \
+    DEFINE_NARROWED(MODE, band, F64) DEFINE_NARROWED(MODE, band, F32) DEFINE_NARROWED(MODE, band, U8)      \
+    DEFINE_NARROWED(MODE, band, U16) DEFINE_NARROWED(MODE, band, U32)                                      \
+    DEFINE_NARROWED(MODE, below, F64) DEFINE_NARROWED(MODE, below, F32) DEFINE_NARROWED(MODE, below, U8)   \
+    DEFINE_NARROWED(MODE, below, U16) DEFINE_NARROWED(MODE, below, U32)
+FOR_EACH_MODE(DEFINE_NARROWED_MODE) /* (the stochastic row unused: that mode never narrows) */
+#define NARROWED_PART(MODE, PART)                                                                         \
+    {FN(narrowed_##PART##_##MODE##_F64), FN(narrowed_##PART##_##MODE##_F32), FN(narrowed_##PART##_##MODE##_U8), \
+     FN(narrowed_##PART##_##MODE##_U16), FN(narrowed_##PART##_##MODE##_U32)},
+#define NARROWED_ROW(MODE) {NARROWED_PART(MODE, band) NARROWED_PART(MODE, below)},
+static const FN(narrowed_fn) FN(narrowed_passes)[][2][OUT_TYPE_COUNT] = {FOR_EACH_MODE(NARROWED_ROW)}; /* [mode][band, below][OUT_TYPE_*] */
+#undef NARROWED_ARGS
+#undef DEFINE_NARROWED
+#undef DEFINE_NARROWED_MODE
+#undef NARROWED_PART
+#undef NARROWED_ROW
+#endif
+
 /* One function per (mode, values or codes), from the mode list: the compiler specialises each. */
 #define DEFINE_PASSES(MODE)                                                                              \
     MULTIVERSION static Py_ssize_t FN(band_values_##MODE)(PASS_ARGS) {                                    \
