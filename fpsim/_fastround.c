@@ -5,12 +5,13 @@
  * (tests/test_native.py). One algorithm, in four steps:
  *
  *   1. decompose  the sign and the magnitude's bits in the layout of a working
- *                 float: float32 (W = 32) for float32 input, and for float64
- *                 input rounded to odd at float32's precision (deterministic
- *                 modes into formats of at most 21 mantissa bits: the second
- *                 rounding then gives the correctly rounded result); float64
- *                 (W = 64) for the other float64 cases, for integers (exact up
- *                 to 2^53; larger ones go to the general path) and for float32
+ *                 float: float32 (W = 32) for float32 input (and for block
+ *                 formats' float64 quotients, rounded to odd at float32's
+ *                 precision: the second rounding then gives the correctly
+ *                 rounded result); float64 (W = 64) for float64 input (read
+ *                 and written in place: one pass, which measured faster than
+ *                 narrowing it to float32 first), for integers (exact up to
+ *                 2^53; larger ones go to the general path) and for float32
  *                 input of formats whose normal range reaches below float32's;
  *   2. grid       from the format's min normal up (the band) the format keeps
  *                 man_bits bits below the leading one, so rounding drops the
@@ -36,10 +37,9 @@
  * elements that need it: stochastic ties, integers beyond 2^53, inputs below
  * the working float's min normal where the format is still normal there, as
  * float32 subnormals for E8M0), then one store into the caller's type.
- * Float64 input in float32 (deterministic modes) takes one pass per chunk, run_narrowed: each element
- * is rounded to odd at float32's precision in the register, rounded, and stored in the output's type.
  * Float64 input into float32's own format skips the passes: the hardware's
- * conversion rounds it (cast_chunk), and the edge inputs take their answers.
+ * conversion rounds it (cast_chunk, one pass into float32 bits or float64
+ * values), and the edge inputs take their answers.
  * Block formats (fpsim/block_codec.py) enter through round_blocks: step 1
  * then divides float32 input by one scale per block (divide_chunk) before the
  * same passes, and block_amax gives each block's largest magnitude. Steps 2 to 4 of the two passes are written
@@ -58,8 +58,6 @@ enum { FOR_EACH_MODE(MODE_ENUM) MODE_COUNT };
 
 enum { IN_WORKING = 0, IN_F32, IN_F64, IN_I8, IN_I16, IN_I32, IN_I64, IN_U8, IN_U16, IN_U32, IN_U64, IN_COUNT };
 enum { OUT_F32 = 0, OUT_F64, OUT_CODES }; /* float32 values, float64 values, codes */
-/* What the one-pass float64 route (run_narrowed) stores: values, then codes of 1, 2 or 4 bytes. */
-enum { OUT_TYPE_F64 = 0, OUT_TYPE_F32, OUT_TYPE_U8, OUT_TYPE_U16, OUT_TYPE_U32, OUT_TYPE_COUNT };
 /* How stochastic rounding reads U: exactly (its first word, then further words on a tie), or against
    the fraction truncated to rand_bits <= 32 bits (its first word), or to more (its first two words). */
 enum { EXACT_DRAW, TRUNCATED_DRAW, WIDE_DRAW };
@@ -213,53 +211,6 @@ static uint32_t stream_word(uint64_t key, uint64_t index, uint32_t depth) {
     philox4x32_10(x, (uint32_t)key, (uint32_t)(key >> 32));
     return x[index & 3];
 }
-
-/* ------------------------------------------------ float64 rounded to odd at float32's precision */
-/* Float64 bits u as working float32 bits, rounded to odd (truncated, the last bit set when any dropped bit
-   is): rounding that again to a format with at most 21 mantissa bits, whose values all have an even last
-   bit in float32, gives the correctly rounded result in every deterministic mode (Boldo and Melquiond,
-   "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008).
-   Beyond float32's range: float32's max, which overflows (or, toward zero, saturates) exactly where the
-   input does; below it, float32's subnormal grid, which the caller keeps two bits finer than the
-   format's (quantum_exp >= -147). */
-static ALWAYS_INLINE uint32_t narrow_one_exact(uint64_t u) {
-    const uint64_t a = u & ~(UINT64_C(1) << 63), field = a >> 52, mant = a & ((UINT64_C(1) << 52) - 1);
-    uint32_t bits;
-    if (field == 2047) bits = mant ? 0x7fc00000u : 0x7f800000u; /* NaN, Inf */
-    else if (field > 1150) bits = 0x7f7fffffu;                   /* finite beyond float32: its max */
-    else if (field >= 897)                                       /* rebias, 23 bits, the sticky bit */
-        bits = (uint32_t)((field - 896) << 23) | (uint32_t)(mant >> 29) | ((mant << 35) != 0);
-    else { /* float32 subnormal k * 2^-149 and the sticky bit */
-        const uint64_t sig = mant | ((uint64_t)(field != 0) << 52), shift = 926 - (field ? field : 1);
-        const uint64_t kept = shift < 64 ? sig >> shift : 0;
-        bits = (uint32_t)kept | (shift < 64 ? sig != kept << shift : sig != 0);
-    }
-    return bits | ((uint32_t)(u >> 32) & 0x80000000u);
-}
-
-#if defined(__GNUC__) && defined(__x86_64__)
-/* The same with the hardware's conversion, which vectorises: rounding toward zero (between
-   toward_zero_begin and toward_zero_end: MXCSR, subnormals kept, exceptions masked), then the last bit
-   set where converting back differs; exactly the cases above. */
-static ALWAYS_INLINE uint32_t narrow_one(uint64_t u) {
-    double d;
-    memcpy(&d, &u, sizeof d);
-    const float f = (float)d;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    return bits | ((double)f != d);
-}
-static unsigned toward_zero_begin(void) {
-    const unsigned saved = _mm_getcsr();
-    _mm_setcsr(0x7F80u); /* round toward zero, all exceptions masked, no flush to zero */
-    return saved;
-}
-static void toward_zero_end(unsigned saved) { _mm_setcsr(saved); }
-#else
-#define narrow_one narrow_one_exact
-static unsigned toward_zero_begin(void) { return 0; }
-static void toward_zero_end(unsigned saved) { (void)saved; }
-#endif
 
 /* ------------------------------------------------ steps 2 to 4, vectorised, per working width */
 #define W 32
@@ -455,9 +406,28 @@ static int widen(const kernel_t *k, const void *src, Py_ssize_t start, Py_ssize_
     return any;
 }
 
-/* Working float32 bits of a chunk of float64 input, rounded to odd (narrow_one_exact). */
+/* Working float32 bits of a chunk of float64 values (block formats' quotients), rounded to odd (truncated, the last bit set when
+   any dropped bit is): rounding that again to a format with at most 21 mantissa bits, whose values
+   all have an even last bit in float32, gives the correctly rounded result in every deterministic
+   mode (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using
+   rounding to odd", IEEE TC 2008). Beyond float32's range: float32's max, which overflows (or, toward
+   zero, saturates) exactly where the input does; below it, float32's subnormal grid, which the caller
+   keeps two bits finer than the format's (quantum_exp >= -147). */
 static void narrow_to_odd_plain(const uint64_t *restrict src, uint32_t *restrict out, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++) out[i] = narrow_one_exact(src[i]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint64_t u = src[i], a = u & ~(UINT64_C(1) << 63), field = a >> 52, mant = a & ((UINT64_C(1) << 52) - 1);
+        uint32_t bits;
+        if (field == 2047) bits = mant ? 0x7fc00000u : 0x7f800000u; /* NaN, Inf */
+        else if (field > 1150) bits = 0x7f7fffffu;                   /* finite beyond float32: its max */
+        else if (field >= 897)                                       /* rebias, 23 bits, the sticky bit */
+            bits = (uint32_t)((field - 896) << 23) | (uint32_t)(mant >> 29) | ((mant << 35) != 0);
+        else { /* float32 subnormal k * 2^-149 and the sticky bit */
+            const uint64_t sig = mant | ((uint64_t)(field != 0) << 52), shift = 926 - (field ? field : 1);
+            const uint64_t kept = shift < 64 ? sig >> shift : 0;
+            bits = (uint32_t)kept | (shift < 64 ? sig != kept << shift : sig != 0);
+        }
+        out[i] = bits | ((uint32_t)(u >> 32) & 0x80000000u);
+    }
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -717,9 +687,6 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
             if (divisors && W_ == 32) {                                                                    \
                 divide_chunk((const float *)src, divisors, block, start, m, (uint32_t *)work, scaled);        \
                 w = work;                                                                                     \
-            } else if (k->input == IN_F64 && W_ == 32) {                                                       \
-                narrow_to_odd((const uint64_t *)src + start, (uint32_t *)work, m);                             \
-                w = work;                                                                                     \
             } else if (k->input != IN_WORKING) {                                                              \
                 needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
                 general_ready = 1;                                                                            \
@@ -761,30 +728,6 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
 DEFINE_RUN(32, uint32_t)
 DEFINE_RUN(64, uint64_t)
 
-/* The driver of float64 input rounded in float32 (input IN_F64, width 32), where no element needs the
-   general path (below_general 0; deterministic modes): one pass per chunk, float64 in, the output's type
-   out (narrowed_passes_32), and a second one over the elements below the band in chunks that hold some. */
-static void run_narrowed(const kernel_t *k, const void *src, void *dst, Py_ssize_t n) {
-    uint32_t below[CHUNK];
-    const int out_type = k->output == OUT_F64   ? OUT_TYPE_F64
-                         : k->output == OUT_F32 ? OUT_TYPE_F32
-                         : k->code_bytes == 1   ? OUT_TYPE_U8
-                         : k->code_bytes == 2   ? OUT_TYPE_U16
-                                                : OUT_TYPE_U32;
-    const narrowed_fn_32 band = narrowed_passes_32[k->band_mode][0][out_type];
-    const narrowed_fn_32 below_band = narrowed_passes_32[k->mode][1][out_type];
-    const size_t item = output_size(k);
-    const unsigned saved = toward_zero_begin(); /* narrow_one's conversion */
-    for (Py_ssize_t start = 0; start < n; start += CHUNK) {
-        const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;
-        const uint64_t *chunk = (const uint64_t *)src + start;
-        char *out = (char *)dst + (size_t)start * item;
-        const Py_ssize_t n_below = band(k, chunk, out, below, m, 0);
-        if (n_below) below_band(k, chunk, out, below, m, n_below);
-    }
-    toward_zero_end(saved);
-}
-
 /* ------------------------------------------------ the module */
 /* Why the parameters (and the buffers' sizes in bytes) do not fit each other, or NULL. `blocks`: the
    parameters of round_blocks (float32 input divided into float64, rounded to odd: deterministic modes). */
@@ -793,7 +736,7 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
     if (params_len != (Py_ssize_t)sizeof *k)
         return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
     const int P_ = k->width == 32 ? 23 : 52;
-    const int narrowed = k->input == (blocks ? IN_F32 : IN_F64) && k->mode != STOCHASTIC;
+    const int narrowed = blocks && k->input == IN_F32 && k->mode != STOCHASTIC; /* quotients rounded to odd */
     if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
         if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
             (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN && k->mode != ODD) ||
@@ -824,7 +767,6 @@ static PyObject *round_array(PyObject *self, PyObject *args) {
         const Py_ssize_t n = src.len / (Py_ssize_t)input_size(k.input, k.width);
         Py_BEGIN_ALLOW_THREADS
         if (k.cast) cast_chunk(&k, src.buf, dst.buf, n, k.output == OUT_F64); /* one pass, in the output's type */
-        else if (k.width == 32 && k.input == IN_F64 && !k.below_general) run_narrowed(&k, src.buf, dst.buf, n);
         else if (k.width == 32) run_32(&k, src.buf, dst.buf, n, NULL, 1, 0);
         else run_64(&k, src.buf, dst.buf, n, NULL, 1, 0);
         Py_END_ALLOW_THREADS

@@ -11,8 +11,8 @@ The engine itself is held to the exact oracle in test_rounding.py and test_stoch
 integer cases and the kernel's general path (stochastic ties, integers beyond 2^53) are also
 held to the oracle (fpsim.exact) here directly, and so is float64 input into float32's own format
 (the hardware's conversion), also held to numpy's astype(float32) for nearest-even, and float64 input
-on the one-pass route (rounded to odd at float32's precision, then to the format) at the inputs where a
-float32 intermediate double-rounds (hypothesis), below the format's min normal and in every output type.
+into the other formats at the inputs where a float32 intermediate double-rounds (hypothesis), below the
+format's min normal and in every output type.
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float32, PRESETS["e8m0"]) == (32, "working")  # float32 subnormals: the general path
     assert _native.route(np.float32, PRESETS["bf16"], "stochastic", rand_bits=40) == (64, "float32")
     assert _native.route(np.float32, Format(9, 3)) == (64, "float32")  # values beyond float32
-    assert _native.route(np.float64, PRESETS["bf16"]) == (32, "float64")  # rounded to odd at float32's precision
+    assert _native.route(np.float64, PRESETS["bf16"]) == (64, "working")  # in float64 lanes, rounded once
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
-    assert _native.route(np.float64, PRESETS["tf32"]) == (32, "float64")
+    assert _native.route(np.float64, PRESETS["tf32"]) == (64, "working")
     assert _native.route(np.float64, PRESETS["fp32"]) == (32, "float64")  # the hardware's conversion (_casts)
     assert _native.route(np.float64, PRESETS["fp32"], "nearest_away") == (64, "working")
     assert not _native.covers(np.float64, PRESETS["fp64"]) and not _native.covers(np.float16, PRESETS["e4m3"])
@@ -222,9 +222,9 @@ def test_hardware_cast_of_float64_into_float32s_format(fmt, rounding):
                                      flush_outputs=False, values_dtype=output), got.astype(output), inputs=x)
 
 
-# formats whose float64 input is rounded to odd at float32's precision and then rounded once more, in one
-# pass (run_narrowed): values as float64 and float32, codes of 1, 2 and 4 bytes, subnormals and none
-NARROWED_FORMATS = [PRESETS[name] for name in ("bf16", "fp16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e2m1", "e8m0")] + [
+# formats of float64 input in float64 lanes: values as float64 and float32, codes of 1, 2 and 4 bytes,
+# subnormals and none
+FLOAT64_FORMATS = [PRESETS[name] for name in ("bf16", "fp16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e2m1", "e8m0")] + [
     Format(8, 21, name="e8m21"), Format(3, 2, subnormals=False, name="e3m2_nosub"),
     Format(5, 4, signed=False, nan="none", name="e5m4u")]
 
@@ -248,14 +248,13 @@ def _double_rounding_traps(fmt: Format, codes: np.ndarray) -> np.ndarray:
 
 
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(NARROWED_FORMATS), st.sampled_from(DETERMINISTIC), st.booleans(), st.sampled_from(FLUSH),
+@given(st.sampled_from(FLOAT64_FORMATS), st.sampled_from(DETERMINISTIC), st.booleans(), st.sampled_from(FLUSH),
        st.lists(st.integers(0, 2**32 - 1), min_size=4, max_size=24), st.sampled_from(["values", "float32", "codes"]))
 def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong(fmt, rounding, saturate, flush,
                                                                                draws, output):
-    """float64 input on the one-pass route (float64 rounded to odd at float32's precision in the register,
-    then rounded to the format, stored in the output's type) against exact.round_value of the float64 value
+    """float64 input (the kernel: in float64 lanes, one pass) against exact.round_value of the float64 value
     (the oracle), at the points where rounding through float32 to nearest first gives a wrong answer."""
-    assert _native.route(np.float64, fmt, rounding) == (32, "float64") and not _native._casts(fmt, rounding)
+    assert _native.route(np.float64, fmt, rounding) == (64, "working")
     codes = np.array(draws, dtype=np.uint64) % (1 << fmt.bits)
     x = _double_rounding_traps(fmt, codes)
     x = x[codable(x, fmt, flush[0])]
@@ -276,7 +275,7 @@ def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong
 
 def test_the_double_rounding_traps_are_traps():
     """The inputs above do catch double rounding: through float32 first (nearest-even), bf16 and e4m3 give
-    wrong answers at some of them, which the one-pass route does not (test above)."""
+    wrong answers at some of them, which the kernel does not (test above)."""
     for fmt in (PRESETS["bf16"], PRESETS["e4m3"]):
         x = _double_rounding_traps(fmt, np.arange(0, 1 << min(fmt.bits, 10), 7, dtype=np.uint64))
         x = x[codable(x, fmt)]
@@ -290,8 +289,8 @@ def test_the_double_rounding_traps_are_traps():
                          ids=fmt_id)
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
 def test_float64_below_the_band_in_dense_and_sparse_chunks(fmt, rounding):
-    """The one-pass route's second pass, below the format's min normal: chunks (2048 elements) where such
-    inputs are most (every element rewritten), a few (one by one) or none, against the oracle."""
+    """float64 input below the format's min normal (the kernel's below-band pass): chunks (2048 elements)
+    where such inputs are most (every element rewritten), a few (one by one) or none, against the oracle."""
     rng = np.random.default_rng(7)
     tiny = rng.uniform(-1, 1, 3000) * fmt.min_normal * 1.5  # below min normal mostly
     ordinary = rng.standard_normal(3000)
