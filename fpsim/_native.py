@@ -3,9 +3,8 @@
 The kernel rounds float32, float64 and integer numpy arrays (torch CPU tensors
 through their numpy view) in every mode, for formats inside the working
 float's range: float32 input works in float32 for formats whose normal range
-float32 holds, and so does float64 input where rounding it to odd at float32's
-precision first is exact (see route), or where the format is float32's own (the
-hardware's conversion, in every mode it has, and odd); the other float64 cases, integers and
+float32 holds, float64 input into float32's own format takes the hardware's
+conversion (in every mode it has, and odd); the other float64 cases, integers and
 the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
 an unsigned format) as data computed here by the numpy engine, and draws its
 stochastic-rounding words from the same Philox stream as the engine
@@ -89,18 +88,15 @@ def _casts(fmt: Format, rounding: str) -> bool:
 def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
     """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply.
 
-    float64 input works in float32 where that is exact: converted by the hardware into float32's own
-    format (_casts), else rounded to odd first, for deterministic modes into formats of at most 21
-    mantissa bits whose finest spacing is 4 times float32's or more."""
+    float64 input works in float64, read and written in one pass (which measured faster than rounding it to
+    odd at float32's precision first, benchmarks/bench_rounding.py), except into float32's own format: the
+    hardware's conversion (_casts)."""
     dtype = np.dtype(dtype)
     if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
         return None
-    stochastic = MODES[rounding].stochastic
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
         return 32, "working"
-    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    if dtype == np.float64 and (_casts(fmt, rounding) or (not stochastic and _fits(fmt, 32) and fmt.man_bits <= 21
-                                                          and quantum_exp >= -147)):
+    if dtype == np.float64 and _casts(fmt, rounding):
         return 32, "float64"
     if not _fits(fmt, 64):
         return None
@@ -219,11 +215,13 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
 
 def covers_blocks(fmt: Format, rounding: str) -> bool:
     """Whether `run_blocks` rounds float32 quotients into `fmt`: deterministic modes, where rounding
-    the float64 quotient to odd at float32's precision first is exact (as for float64 input) and the
-    format's finest spacing, 2^-125 or coarser, leaves float32's subnormals below its first rounding
-    boundary (so that a power-of-two divisor may multiply in float32)."""
+    the float64 quotient to odd at float32's precision first is exact (formats of at most 21 mantissa
+    bits, whose values all have an even last bit in float32), and the format's finest spacing, 2^-125 or
+    coarser, leaves float32's subnormals below its first rounding boundary (so that a power-of-two
+    divisor may multiply in float32)."""
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    return route(np.float64, fmt, rounding) == (32, "float64") and quantum_exp >= -125
+    return (_fastround is not None and not MODES[rounding].stochastic and _fits(fmt, 32) and fmt.man_bits <= 21
+            and quantum_exp >= -125)
 
 
 def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format, *, rounding, saturate,

@@ -10,12 +10,15 @@ every mode, saturate and both flush options; also through quantize/encode and to
 The engine itself is held to the exact oracle in test_rounding.py and test_stochastic.py; the
 integer cases and the kernel's general path (stochastic ties, integers beyond 2^53) are also
 held to the oracle (fpsim.exact) here directly, and so is float64 input into float32's own format
-(the hardware's conversion), also held to numpy's astype(float32) for nearest-even.
+(the hardware's conversion), also held to numpy's astype(float32) for nearest-even, and float64 input
+into the other formats at the inputs where a float32 intermediate double-rounds (hypothesis), below the
+format's min normal and in every output type.
 """
 
 from __future__ import annotations
 
 import struct
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -29,7 +32,8 @@ from fpsim.formats import PRESETS, Format
 from fpsim.rounding import _quantize_engine, quantize, round_bits
 
 from foundation_helpers import (CUSTOM_FORMATS, assert_same_bits, assert_same_codes, codable, custom_formats, fmt_id,
-                                reference_fraction, reference_word, requires_torch, sweep_points, torch)
+                                next_down, next_up, reference_fraction, reference_word, requires_torch, sweep_points,
+                                torch)
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="the compiled kernel fpsim._fastround is not built (numpy engine only)")
@@ -86,9 +90,9 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float32, PRESETS["e8m0"]) == (32, "working")  # float32 subnormals: the general path
     assert _native.route(np.float32, PRESETS["bf16"], "stochastic", rand_bits=40) == (64, "float32")
     assert _native.route(np.float32, Format(9, 3)) == (64, "float32")  # values beyond float32
-    assert _native.route(np.float64, PRESETS["bf16"]) == (32, "float64")  # rounded to odd at float32's precision
+    assert _native.route(np.float64, PRESETS["bf16"]) == (64, "working")  # in float64 lanes, rounded once
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
-    assert _native.route(np.float64, PRESETS["tf32"]) == (32, "float64")
+    assert _native.route(np.float64, PRESETS["tf32"]) == (64, "working")
     assert _native.route(np.float64, PRESETS["fp32"]) == (32, "float64")  # the hardware's conversion (_casts)
     assert _native.route(np.float64, PRESETS["fp32"], "nearest_away") == (64, "working")
     assert not _native.covers(np.float64, PRESETS["fp64"]) and not _native.covers(np.float16, PRESETS["e4m3"])
@@ -216,6 +220,87 @@ def test_hardware_cast_of_float64_into_float32s_format(fmt, rounding):
     for output in (np.float32, np.float64):  # values of both dtypes, through the kernel's store
         assert_same_bits(_native.run(x, fmt, rounding=rounding, saturate=False, flush_inputs=False,
                                      flush_outputs=False, values_dtype=output), got.astype(output), inputs=x)
+
+
+# formats of float64 input in float64 lanes: values as float64 and float32, codes of 1, 2 and 4 bytes,
+# subnormals and none
+FLOAT64_FORMATS = [PRESETS[name] for name in ("bf16", "fp16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e2m1", "e8m0")] + [
+    Format(8, 21, name="e8m21"), Format(3, 2, subnormals=False, name="e3m2_nosub"),
+    Format(5, 4, signed=False, nan="none", name="e5m4u")]
+
+
+def _double_rounding_traps(fmt: Format, codes: np.ndarray) -> np.ndarray:
+    """float64 inputs near the format's rounding boundaries that a float32 intermediate rounds wrongly:
+    for each code's value v and the next value above, the midpoint m, and m moved by 1 to 3 float64 ulps
+    and by float32's quarter and half ulp at m (nearest-even in float32 takes m + 1 ulp of float64 to m
+    itself, a tie, which a second rounding then breaks to even); also v and its float64 neighbours."""
+    values = np.array([exact.decode_code(int(c), fmt) for c in codes], dtype=np.float64)
+    values = values[np.isfinite(values)]
+    above = np.array([exact.neighbours(fmt, Fraction(float(np.nextafter(v, np.inf))))[1] if v < fmt.max else v
+                      for v in np.abs(values)], dtype=np.float64)
+    mid = (np.abs(values) + above) / 2  # exact: at most 22 significant bits
+    f32_ulp = np.spacing(mid.astype(np.float32)).astype(np.float64)
+    steps = [np.nextafter(mid, np.inf), np.nextafter(mid, 0), next_up(mid, 3), next_down(mid, 3)]
+    steps += [mid + f32_ulp / 4, mid - f32_ulp / 4, mid + f32_ulp / 2, mid - f32_ulp / 2]
+    points = np.concatenate([mid, *steps, values, np.nextafter(values, np.inf), np.nextafter(values, -np.inf)])
+    points = np.concatenate([points, -points]) if fmt.signed else points
+    return points[np.isfinite(points)]
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FLOAT64_FORMATS), st.sampled_from(DETERMINISTIC), st.booleans(), st.sampled_from(FLUSH),
+       st.lists(st.integers(0, 2**32 - 1), min_size=4, max_size=24), st.sampled_from(["values", "float32", "codes"]))
+def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong(fmt, rounding, saturate, flush,
+                                                                               draws, output):
+    """float64 input (the kernel: in float64 lanes, one pass) against exact.round_value of the float64 value
+    (the oracle), at the points where rounding through float32 to nearest first gives a wrong answer."""
+    assert _native.route(np.float64, fmt, rounding) == (64, "working")
+    codes = np.array(draws, dtype=np.uint64) % (1 << fmt.bits)
+    x = _double_rounding_traps(fmt, codes)
+    x = x[codable(x, fmt, flush[0])]
+    if not x.size:
+        return
+    options = dict(saturate=saturate, flush_subnormal_inputs=flush[0], flush_subnormal_outputs=flush[1])
+    expected = np.array([exact.round_value(float(v), fmt, rounding, **options) for v in x])
+    if output == "codes":
+        want = np.array([exact.encode_value(float(v), fmt) for v in expected], dtype=np.uint64)
+        assert_same_codes(encode(x, fmt, rounding, **options).astype(np.uint64), want)
+    elif output == "float32":  # (the kernel's float32 values: exact, every value of these formats fits)
+        got = _native.run(x, fmt, rounding=rounding, saturate=saturate, flush_inputs=flush[0],
+                          flush_outputs=flush[1], values_dtype=np.float32)
+        assert_same_bits(got.astype(np.float64), expected, inputs=x)
+    else:
+        assert_same_bits(quantize(x, fmt, rounding, **options), expected, inputs=x)
+
+
+def test_the_double_rounding_traps_are_traps():
+    """The inputs above do catch double rounding: through float32 first (nearest-even), bf16 and e4m3 give
+    wrong answers at some of them, which the kernel does not (test above)."""
+    for fmt in (PRESETS["bf16"], PRESETS["e4m3"]):
+        x = _double_rounding_traps(fmt, np.arange(0, 1 << min(fmt.bits, 10), 7, dtype=np.uint64))
+        x = x[codable(x, fmt)]
+        expected = np.array([exact.round_value(float(v), fmt) for v in x])
+        twice = quantize(x.astype(np.float32), fmt).astype(np.float64)
+        assert np.count_nonzero(twice != expected) > 10
+        assert_same_bits(quantize(x, fmt), expected, inputs=x)
+
+
+@pytest.mark.parametrize("fmt", [PRESETS["e4m3"], PRESETS["fp16"], Format(3, 2, subnormals=False, name="e3m2_nosub")],
+                         ids=fmt_id)
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_float64_below_the_band_in_dense_and_sparse_chunks(fmt, rounding):
+    """float64 input below the format's min normal (the kernel's below-band pass): chunks (2048 elements)
+    where such inputs are most (every element rewritten), a few (one by one) or none, against the oracle."""
+    rng = np.random.default_rng(7)
+    tiny = rng.uniform(-1, 1, 3000) * fmt.min_normal * 1.5  # below min normal mostly
+    ordinary = rng.standard_normal(3000)
+    ordinary[::500] = tiny[:6]  # a few below min normal
+    x = np.concatenate([tiny, ordinary, ordinary * 2])
+    x = x[codable(x, fmt)]
+    expected = np.array([exact.round_value(float(v), fmt, rounding) for v in x])
+    assert_same_bits(quantize(x, fmt, rounding), expected, inputs=x)
+    want = np.array([exact.encode_value(float(v), fmt) for v in expected], dtype=np.uint64)
+    assert_same_codes(encode(x, fmt, rounding).astype(np.uint64), want)
 
 
 def test_kernel_refuses_the_cast_outside_the_hardwares_modes():
