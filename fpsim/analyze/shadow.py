@@ -388,9 +388,7 @@ class ShadowSteps:
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
         reference = self._reference(capture, params, device)
-        ref = {name: _flat(reference, names) for name, names in self._groups}
-        ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
-        self._replay_format(task, capture, params, device, ref)
+        self._replay_format(task, capture, params, device, Reference(reference, self._groups))
 
     def _reference(self, capture, params, device) -> dict:
         """The FP32 gradients of the captured step: the real backward's where they matched the last reference
@@ -425,8 +423,14 @@ class ShadowSteps:
                 context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
                                    keep, found)
             last = attempt == MAX_OVERFLOW_PASSES - 1
+            at1: dict = {}           # the scale-1 measurements, made once for _escalate and the record
+
+            def escalate(result, at1=at1):
+                at1.update(ref.compare(result))
+                return self._escalate(lim, at1)
+
             grads = self._backward(capture, params, context, scales, stop=None if last else lambda: bool(found),
-                                   escalate=lambda result: self._escalate(lim, result, ref))
+                                   escalate=escalate)
             if not found:
                 break
             sources.update(found)
@@ -436,23 +440,23 @@ class ShadowSteps:
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
         for scale, result in (grads or {}).items():
-            for name, names in self._groups:
-                if name in ref:
-                    m = _compare(_flat(result, names), ref[name])
-                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+            by_layer = at1 if scale == 0 and at1 else ref.compare(result)
+            for name, _ in self._groups:
+                if name in by_layer:
+                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(by_layer[name])
 
-    def _escalate(self, lim, result, ref) -> bool:
-        """Whether to replay the other candidate scales: from the first step where a layer stands out at
-        scale 1 (against its mean noise floor so far) on, always (so that their means cover every step since)."""
+    def _escalate(self, lim, at1: dict) -> bool:
+        """Whether to replay the other candidate scales (at1: each layer's measurements at scale 1): from the
+        first step where a layer stands out at scale 1 (against its mean noise floor so far) on, always (so
+        that their means cover every step since)."""
         from .evidence import threshold
 
         if lim.name not in self._escalated:
-            for name, names in self._groups:
-                if name in ref:
-                    m = _compare(_flat(result, names), ref[name])
-                    if m["nonfinite_share"] or m["rel_error"] > threshold(self.record.mean_floor(name)):
-                        self._escalated.add(lim.name)
-                        break
+            for name, _ in self._groups:
+                m = at1.get(name)
+                if m is not None and (m["nonfinite_share"] or m["rel_error"] > threshold(self.record.mean_floor(name))):
+                    self._escalated.add(lim.name)
+                    break
         return lim.name in self._escalated
 
     def _noise_floor(self, capture, params, device) -> bool:
@@ -501,7 +505,8 @@ class ShadowSteps:
                 grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
                                             [(g * factor).to(o.dtype) for o, g in pairs],
                                             retain_graph=i < len(scales) - 1, allow_unused=True)
-                result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+                result[s] = {n: None if g is None else g.float() / factor if s else g.float()
+                             for n, g in zip(names, grads)}
                 if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
                     break
         return result
@@ -550,20 +555,82 @@ def _flat(grads: dict, names: list):
     return torch.cat(parts) if parts else None
 
 
-def _compare(g, g32) -> dict:
-    """Relative error, cosine, share of ||g32|| lost to zeros and share of non-finite values of g against g32."""
-    import torch
+COMPARE_CHUNK = 1 << 22
+"""Reference gradient values joined into one float64 vector (bounds the comparison's temporaries)."""
+_NO_GRADIENT = {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
 
-    if g is None:
-        return {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
-    finite = torch.isfinite(g)
-    nonfinite = 1.0 - float(finite.float().mean())
-    if nonfinite:
-        return {"rel_error": math.inf, "cosine": None, "zeroed_share": None, "nonfinite_share": nonfinite}
-    g, g32 = g.double(), g32.double()
-    norm32 = float(g32.norm())
-    norm = float(g.norm())
-    zeroed = (g == 0) & (g32 != 0)
-    return {"rel_error": float((g - g32).norm()) / norm32,
-            "cosine": float(g @ g32) / (norm * norm32) if norm else 0.0,
-            "zeroed_share": float(g32[zeroed].norm()) / norm32, "nonfinite_share": 0.0}
+
+class Reference:
+    """The FP32 reference gradient g32 of every layer that has one (norm > 0), flat and joined in float64
+    (chunks of up to COMPARE_CHUNK values), to compare the replays of a shadow step against.
+
+    A shadow step compares every layer at every scale it replays: joined, that is a few whole-vector ops
+    and one dot product per layer and measure, rather than a dozen ops and temporaries per layer.
+    """
+
+    def __init__(self, grads: dict, groups: list):
+        import torch
+
+        self.groups = groups
+        self.chunks: list = []            # [([layer names], [lengths], joined float64 g32, [||g32||^2])]
+        pending, size = [], 0
+        for i, (name, names) in enumerate(groups):
+            g = _flat(grads, names)
+            if g is not None:
+                pending.append((name, g))
+                size += g.numel()
+            if pending and (size >= COMPARE_CHUNK or i == len(groups) - 1):
+                lengths = [g.numel() for _, g in pending]
+                joined = torch.cat([g for _, g in pending]).double()
+                squares = [float(torch.dot(part, part)) for part in joined.split(lengths)]
+                kept = [i for i, r2 in enumerate(squares) if r2 > 0]
+                if len(kept) < len(pending):
+                    pending, lengths, squares = ([x[i] for i in kept] for x in (pending, lengths, squares))
+                    joined = torch.cat([g for _, g in pending]).double() if pending else None
+                if pending:
+                    self.chunks.append(([n for n, _ in pending], lengths, joined, squares))
+                pending, size = [], 0
+        self.layers = {n for names, *_ in self.chunks for n in names}
+
+    def __contains__(self, layer: str) -> bool:
+        return layer in self.layers
+
+    def compare(self, grads: dict) -> dict:
+        """{layer: measurements} of the gradients in `grads` (parameter name -> tensor or None) for every
+        layer here: the relative error ||g - g32|| / ||g32||, the cosine of g to g32, the share of ||g32||
+        lost where g is zero and g32 is not, and the share of non-finite values of g (when there are any,
+        the error is inf and the others None). In float64."""
+        import torch
+
+        flats = {name: _flat(grads, names) for name, names in self.groups if name in self.layers}
+        out = {}
+        for names, lengths, g32, squares in self.chunks:
+            present = [flats[n] is not None for n in names]
+            for name, n, here in zip(names, lengths, present):
+                if not here:
+                    out[name] = dict(_NO_GRADIENT)
+                elif flats[name].numel() != n:
+                    raise ValueError(f"the replayed gradient of {name} has {flats[name].numel()} values, its "
+                                     f"reference {n}")
+            if not any(present):
+                continue
+            g = torch.cat([flats[n] if here else torch.zeros(k, device=g32.device)
+                           for n, k, here in zip(names, lengths, present)]).double()
+            lo, hi = torch.aminmax(g)
+            nonfinite = [0.0] * len(names)
+            if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+                nonfinite = [float((~torch.isfinite(part)).sum()) for part in g.split(lengths)]
+            diff, zeroed = g - g32, torch.where(g == 0, g32, 0.0)
+            parts = zip(g.split(lengths), g32.split(lengths), diff.split(lengths), zeroed.split(lengths))
+            for name, n, here, bad, r2, (gi, ri, di, zi) in zip(names, lengths, present, nonfinite, squares, parts):
+                if not here:
+                    continue
+                if bad:
+                    out[name] = {"rel_error": math.inf, "cosine": None, "zeroed_share": None,
+                                 "nonfinite_share": bad / n}
+                    continue
+                norm32, norm = math.sqrt(r2), math.sqrt(float(torch.dot(gi, gi)))
+                out[name] = {"rel_error": math.sqrt(float(torch.dot(di, di))) / norm32,
+                             "cosine": float(torch.dot(gi, ri)) / (norm * norm32) if norm else 0.0,
+                             "zeroed_share": math.sqrt(float(torch.dot(zi, zi))) / norm32, "nonfinite_share": 0.0}
+        return out
