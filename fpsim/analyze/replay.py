@@ -204,7 +204,12 @@ def _quantize(x, lim):
     """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
     from ..rounding import quantize
 
-    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    import torch
+
+    amax = 0.0
+    if x.numel():                    # max |x| from one min/max reduction (no |x| temporary); NaN or inf: scale 1
+        lo, hi = (float(v) for v in torch.aminmax(x.detach()))
+        amax = max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else math.inf
     scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
     return quantize(x * scale, lim.fmt, saturate=True) / scale
 
