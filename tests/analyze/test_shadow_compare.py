@@ -2,7 +2,7 @@
 
 Sources of truth: torch.isfinite (is every value of a module's output finite:
 replay.all_finite, which answers from one min/max reduction), and, for the
-comparison of a replayed gradient with the FP32 reference (shadow.Reference,
+comparison of a replayed gradient with the FP32 reference (gradient_error.Reference,
 which joins the layers and takes one dot product per layer and measure), each
 layer's float64 norms and dot product computed on its own with torch.linalg.
 """
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from fpsim.analyze import shadow
+from fpsim.analyze import gradient_error
 from fpsim.analyze.replay import all_finite
 from fpsim.emulate.compute import FP32Compute
 
@@ -70,7 +70,7 @@ def _direct(g, r) -> dict:
 
 @pytest.mark.parametrize("chunk", [1 << 22, 50], ids=["one chunk", "many chunks"])
 def test_the_joined_comparison_equals_each_layers_own(monkeypatch, chunk):
-    monkeypatch.setattr(shadow, "COMPARE_CHUNK", chunk)
+    monkeypatch.setattr(gradient_error, "COMPARE_CHUNK", chunk)
     g = torch.Generator().manual_seed(1)
     shapes = {"a.weight": (8, 5), "a.bias": (8,), "b.weight": (30,), "c.weight": (4, 4), "d.weight": (70,),
               "e.weight": (3,), "f.weight": (6,), "h.weight": (5,)}
@@ -85,7 +85,7 @@ def test_the_joined_comparison_equals_each_layers_own(monkeypatch, chunk):
     low["d.weight"][5] = -math.inf
     low["f.weight"] = None                                   # no gradient reached it in the replay
     low["h.weight"] = torch.zeros(5)
-    measured = shadow.Reference(ref, groups).compare(low)
+    measured = gradient_error.Reference(ref, groups).compare(low)
     assert sorted(measured) == ["a", "b", "c", "d", "f", "h"]
     for name, names in groups:
         if name not in measured:
@@ -100,4 +100,4 @@ def test_the_joined_comparison_equals_each_layers_own(monkeypatch, chunk):
 def test_a_replayed_gradient_of_another_size_is_refused_by_name():
     ref = {"a.weight": torch.ones(4)}
     with pytest.raises(ValueError, match="gradient of a has 3 values, its reference 4"):
-        shadow.Reference(ref, [("a", ["a.weight"])]).compare({"a.weight": torch.ones(3)})
+        gradient_error.Reference(ref, [("a", ["a.weight"])]).compare({"a.weight": torch.ones(3)})
