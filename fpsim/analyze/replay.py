@@ -204,7 +204,12 @@ def _quantize(x, lim):
     """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
     from ..rounding import quantize
 
-    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    import torch
+
+    amax = 0.0
+    if x.numel():                    # max |x| from one min/max reduction (no |x| temporary); NaN or inf: scale 1
+        lo, hi = (float(v) for v in torch.aminmax(x.detach()))
+        amax = max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else math.inf
     scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
     return quantize(x * scale, lim.fmt, saturate=True) / scale
 
@@ -242,6 +247,16 @@ def float_leaves(output) -> list:
 
 
 def all_finite(value) -> bool:
+    """Whether every floating tensor in `value` is finite: its min and max both are (NaN propagates through
+    both). One reduction per tensor, with Python dispatch off for plain tensors (an emulated replay's mode
+    would widen each one first): the replay checks every module's output, so this is on its hot path."""
     import torch
 
-    return all(bool(torch.isfinite(t).all()) for t in float_leaves(value))
+    for t in float_leaves(value):
+        if not t.numel():
+            continue
+        with torch._C._DisableTorchDispatch() if type(t) is torch.Tensor else contextlib.nullcontext():
+            lo, hi = torch.aminmax(t.detach())
+            if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+                return False
+    return True

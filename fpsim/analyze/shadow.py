@@ -45,8 +45,8 @@ Per layer (the parameters a module holds itself), format and scale: the
 gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
 ||g|| lost where g_lp is zero and g is not, and the share of non-finite
 values; per layer the noise floor. `ShadowRecord` sums them over shadowed
-steps (bounded memory); replay.py holds the replay contexts, evidence.py
-turns the sums into verdicts.
+steps (bounded memory); replay.py holds the replay contexts, gradient_error.py
+the comparison with the reference, evidence.py turns the sums into verdicts.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import dataclasses
 import math
 import warnings
 
+from .gradient_error import Reference, flat
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, float_leaves
 
 NARROW_SCALES_LOG2 = (0, 8, 16)
@@ -388,9 +389,7 @@ class ShadowSteps:
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
         reference = self._reference(capture, params, device)
-        ref = {name: _flat(reference, names) for name, names in self._groups}
-        ref = {name: g for name, g in ref.items() if g is not None and float(g.norm())}
-        self._replay_format(task, capture, params, device, ref)
+        self._replay_format(task, capture, params, device, Reference(reference, self._groups))
 
     def _reference(self, capture, params, device) -> dict:
         """The FP32 gradients of the captured step: the real backward's where they matched the last reference
@@ -425,8 +424,14 @@ class ShadowSteps:
                 context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
                                    keep, found)
             last = attempt == MAX_OVERFLOW_PASSES - 1
+            at1: dict = {}           # the scale-1 measurements, made once for _escalate and the record
+
+            def escalate(result, at1=at1):
+                at1.update(ref.compare(result))
+                return self._escalate(lim, at1)
+
             grads = self._backward(capture, params, context, scales, stop=None if last else lambda: bool(found),
-                                   escalate=lambda result: self._escalate(lim, result, ref))
+                                   escalate=escalate)
             if not found:
                 break
             sources.update(found)
@@ -436,23 +441,23 @@ class ShadowSteps:
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
         for scale, result in (grads or {}).items():
-            for name, names in self._groups:
-                if name in ref:
-                    m = _compare(_flat(result, names), ref[name])
-                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(m)
+            by_layer = at1 if scale == 0 and at1 else ref.compare(result)
+            for name, _ in self._groups:
+                if name in by_layer:
+                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(by_layer[name])
 
-    def _escalate(self, lim, result, ref) -> bool:
-        """Whether to replay the other candidate scales: from the first step where a layer stands out at
-        scale 1 (against its mean noise floor so far) on, always (so that their means cover every step since)."""
+    def _escalate(self, lim, at1: dict) -> bool:
+        """Whether to replay the other candidate scales (at1: each layer's measurements at scale 1): from the
+        first step where a layer stands out at scale 1 (against its mean noise floor so far) on, always (so
+        that their means cover every step since)."""
         from .evidence import threshold
 
         if lim.name not in self._escalated:
-            for name, names in self._groups:
-                if name in ref:
-                    m = _compare(_flat(result, names), ref[name])
-                    if m["nonfinite_share"] or m["rel_error"] > threshold(self.record.mean_floor(name)):
-                        self._escalated.add(lim.name)
-                        break
+            for name, _ in self._groups:
+                m = at1.get(name)
+                if m is not None and (m["nonfinite_share"] or m["rel_error"] > threshold(self.record.mean_floor(name))):
+                    self._escalated.add(lim.name)
+                    break
         return lim.name in self._escalated
 
     def _noise_floor(self, capture, params, device) -> bool:
@@ -464,7 +469,7 @@ class ShadowSteps:
             return False
         parts = [self._backward(h, params, FP32(device), (0,))[0] for h in halves]
         for name, names in self._groups:
-            ga, gb = _flat(parts[0], names), _flat(parts[1], names)
+            ga, gb = flat(parts[0], names), flat(parts[1], names)
             if ga is None or gb is None:
                 continue
             total = float((ga + gb).norm())
@@ -501,7 +506,8 @@ class ShadowSteps:
                 grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
                                             [(g * factor).to(o.dtype) for o, g in pairs],
                                             retain_graph=i < len(scales) - 1, allow_unused=True)
-                result[s] = {n: None if g is None else g.float() / factor for n, g in zip(names, grads)}
+                result[s] = {n: None if g is None else g.float() / factor if s else g.float()
+                             for n, g in zip(names, grads)}
                 if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
                     break
         return result
@@ -540,30 +546,3 @@ def _matches(real: dict, replayed: dict) -> bool:
         if r is None or r.shape != g.shape or float((r - g).norm()) > MATCH_TOLERANCE * float(g.norm()):
             return False
     return True
-
-
-def _flat(grads: dict, names: list):
-    """One flat float32 tensor of the named gradients (None when none of them has one)."""
-    import torch
-
-    parts = [grads[n].reshape(-1) for n in names if grads.get(n) is not None]
-    return torch.cat(parts) if parts else None
-
-
-def _compare(g, g32) -> dict:
-    """Relative error, cosine, share of ||g32|| lost to zeros and share of non-finite values of g against g32."""
-    import torch
-
-    if g is None:
-        return {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
-    finite = torch.isfinite(g)
-    nonfinite = 1.0 - float(finite.float().mean())
-    if nonfinite:
-        return {"rel_error": math.inf, "cosine": None, "zeroed_share": None, "nonfinite_share": nonfinite}
-    g, g32 = g.double(), g32.double()
-    norm32 = float(g32.norm())
-    norm = float(g.norm())
-    zeroed = (g == 0) & (g32 != 0)
-    return {"rel_error": float((g - g32).norm()) / norm32,
-            "cosine": float(g @ g32) / (norm * norm32) if norm else 0.0,
-            "zeroed_share": float(g32[zeroed].norm()) / norm32, "nonfinite_share": 0.0}

@@ -1,0 +1,103 @@
+"""The shadow steps' fast measurements held to direct computations.
+
+Sources of truth: torch.isfinite (is every value of a module's output finite:
+replay.all_finite, which answers from one min/max reduction), and, for the
+comparison of a replayed gradient with the FP32 reference (gradient_error.Reference,
+which joins the layers and takes one dot product per layer and measure), each
+layer's float64 norms and dot product computed on its own with torch.linalg.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fpsim.analyze import gradient_error
+from fpsim.analyze.replay import all_finite
+from fpsim.emulate.compute import FP32Compute
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_finite_agrees_with_isfinite_wherever_the_bad_value_sits(dtype):
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 8, 9, 16, 31, 33, 64, 255, 1025):
+        for pos in sorted({0, n // 3, n // 2, n - 1}):
+            for bad in (math.nan, math.inf, -math.inf):
+                x = (torch.randn(n, generator=g) * 100).to(dtype)
+                x[pos] = bad
+                strided = torch.randn(n, 3, generator=g).to(dtype).t()   # not contiguous
+                strided[1, pos] = bad
+                for t in (x, strided, x.reshape(1, n).requires_grad_(True)):
+                    assert all_finite(t) is bool(torch.isfinite(t).all()) is False, (n, pos, bad)
+        x = (torch.randn(n, generator=g) * 100).to(dtype)
+        assert all_finite(x) is bool(torch.isfinite(x).all()) is True
+
+
+def test_all_finite_looks_into_nested_outputs_and_skips_empty_and_integer_tensors():
+    fine, empty = torch.ones(3), torch.empty(0)
+    bad = torch.tensor([1.0, math.inf])
+    assert all_finite((fine, {"a": empty, "b": [torch.arange(3)]}))
+    assert not all_finite((fine, {"a": empty, "b": [bad]}))
+    assert all_finite(empty) and all_finite(None) and all_finite(3.0)
+
+
+def test_all_finite_is_right_inside_an_emulated_replays_dispatch_mode():
+    x = torch.tensor([1.0, 60000.0], dtype=torch.float16)
+    with FP32Compute():
+        y = x * 2            # overflows fp16: the mode rounds the FP32 product to inf
+        assert not all_finite(y) and all_finite(x)
+    assert not bool(torch.isfinite(y).all())
+
+
+def _direct(g, r) -> dict:
+    """The measures of one layer, straight from their definitions (float64, torch.linalg)."""
+    if g is None:
+        return {"rel_error": 1.0, "cosine": 0.0, "zeroed_share": 1.0, "nonfinite_share": 0.0}
+    g, r = g.double(), r.double()
+    bad = int((~torch.isfinite(g)).sum())
+    if bad:
+        return {"rel_error": math.inf, "cosine": None, "zeroed_share": None, "nonfinite_share": bad / g.numel()}
+    norm = torch.linalg.vector_norm
+    lost = r[(g == 0) & (r != 0)]
+    return {"rel_error": float(norm(g - r) / norm(r)),
+            "cosine": float(torch.dot(g, r) / (norm(g) * norm(r))) if float(norm(g)) else 0.0,
+            "zeroed_share": float(norm(lost) / norm(r)), "nonfinite_share": 0.0}
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 50], ids=["one chunk", "many chunks"])
+def test_the_joined_comparison_equals_each_layers_own(monkeypatch, chunk):
+    monkeypatch.setattr(gradient_error, "COMPARE_CHUNK", chunk)
+    g = torch.Generator().manual_seed(1)
+    shapes = {"a.weight": (8, 5), "a.bias": (8,), "b.weight": (30,), "c.weight": (4, 4), "d.weight": (70,),
+              "e.weight": (3,), "f.weight": (6,), "h.weight": (5,)}
+    groups = [("a", ["a.weight", "a.bias"]), ("b", ["b.weight"]), ("c", ["c.weight"]), ("d", ["d.weight"]),
+              ("e", ["e.weight"]), ("f", ["f.weight"]), ("h", ["h.weight"]), ("none", ["none.weight"])]
+    ref = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    ref["e.weight"] = torch.zeros(3)                         # no reference gradient: not compared
+    ref["none.weight"] = None
+    low = {n: None if r is None else r + 1e-3 * torch.randn(r.shape, generator=g) for n, r in ref.items()}
+    low["a.weight"][0, :3] = 0                               # lost to zeros
+    low["c.weight"][1, 1] = math.nan                         # non-finite
+    low["d.weight"][5] = -math.inf
+    low["f.weight"] = None                                   # no gradient reached it in the replay
+    low["h.weight"] = torch.zeros(5)
+    measured = gradient_error.Reference(ref, groups).compare(low)
+    assert sorted(measured) == ["a", "b", "c", "d", "f", "h"]
+    for name, names in groups:
+        if name not in measured:
+            continue
+        gl = None if low[names[0]] is None else torch.cat([low[n].reshape(-1) for n in names])
+        expected = _direct(gl, torch.cat([ref[n].reshape(-1) for n in names]))
+        for key, value in expected.items():
+            assert measured[name][key] == (value if value is None else pytest.approx(value, rel=1e-12)), \
+                (name, key)
+
+
+def test_a_replayed_gradient_of_another_size_is_refused_by_name():
+    ref = {"a.weight": torch.ones(4)}
+    with pytest.raises(ValueError, match="gradient of a has 3 values, its reference 4"):
+        gradient_error.Reference(ref, [("a", ["a.weight"])]).compare({"a.weight": torch.ones(3)})
