@@ -47,13 +47,19 @@ def canvas_class():
         def get_text_width_height_descent(self, s, prop, ismath):
             if ismath:
                 return super().get_text_width_height_descent(s, prop, ismath)
-            width, height, descent = self._string(s, prop)[:3]
+            try:
+                width, height, descent = self._string(s, prop)[:3]
+            except Exception:  # noqa: BLE001 (a matplotlib whose internals differ: its own way)
+                return super().get_text_width_height_descent(s, prop, ismath)
             return width, height, descent
 
         def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
             if ismath or not gc.get_antialiased():
                 return super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
-            _, _, descent, bitmap, x_offset, y_offset = self._string(s, prop)
+            try:
+                _, _, descent, bitmap, x_offset, y_offset = self._string(s, prop)
+            except Exception:  # noqa: BLE001 (as above)
+                return super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
             # as matplotlib 3.10's draw_text: the bitmap's corner, moved by the descent along the angle
             x = round(x + x_offset / 64.0 + descent * math.sin(math.radians(angle)))
             y = round(y + y_offset / 64.0 + descent * math.cos(math.radians(angle)))
