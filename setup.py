@@ -31,6 +31,7 @@ setup(
         Extension(
             "fpsim._fasthist",
             sources=["fpsim/_fasthist.c"],
+            depends=["fpsim/_fastcompile.h"],
             extra_compile_args=["-O3"],
             optional=True,  # no compiler: install anyway and count with torch operations
         ),

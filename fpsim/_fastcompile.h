@@ -1,4 +1,4 @@
-/* Compiler attributes the C kernels (_fastround.c, _fastblocks.c) share. */
+/* Compiler attributes the C kernels (_fastround.c, _fastblocks.c, _fasthist.c) share. */
 #ifndef FPSIM_FASTCOMPILE_H
 #define FPSIM_FASTCOMPILE_H
 

@@ -155,6 +155,7 @@ class Watcher:
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
         self._snapshots: dict = {}
+        self._weights_copy = None                        # the buffer the updates' "before" is copied into
         self._handles: list = []
         self._scalers = None
         self._scaler = None                              # the GradScaler that scaled this step's backward
@@ -510,10 +511,15 @@ class Watcher:
 
     def _count_weights_on_host(self, groups) -> None:
         """One copy of every parameter (the updates' "before"), counted module by module by the kernel in one
-        call."""
+        call. The copy goes into the same buffer every sampled step (a fresh one of a large model's size
+        costs more in page faults than the copy itself)."""
         import torch
 
-        flat = torch.cat([p.detach().reshape(-1) for _, params in groups for p in params])
+        parts = [p.detach().reshape(-1) for _, params in groups for p in params]
+        total = sum(part.numel() for part in parts)
+        if self._weights_copy is None or self._weights_copy.numel() != total:
+            self._weights_copy = torch.empty(total, dtype=torch.float32)
+        flat = torch.cat(parts, out=self._weights_copy)
         address, offset, items = flat.data_ptr(), 0, []
         for name, params in groups:
             n = sum(p.numel() for p in params)

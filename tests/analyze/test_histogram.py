@@ -191,3 +191,93 @@ def test_count_into_a_row_and_its_record_match_numpy(n, dtype):
         np.testing.assert_allclose(snapshot.mass[row], numpy_mass(widened), rtol=1e-12, atol=0)
         assert math.isnan(snapshot.amax[row]) and snapshot.first_nonfinite[row] == step
     assert list(snapshot.samples) == [1, 1]
+
+
+# ------------------------------------------- the kernel's vector (AVX2) loops against its scalar loops and numpy
+def _vector_path_available() -> bool:
+    if not kernel_available():
+        return False
+    from fpsim import _fasthist
+
+    before = _fasthist.vector_path()
+    try:
+        return _fasthist.vector_path(True)
+    finally:
+        _fasthist.vector_path(before)
+
+
+@pytest.fixture(params=["vector", "scalar"])
+def kernel_path(request):
+    """Each kernel test runs on both loops: the AVX2 one (where the CPU has it) and the scalar one."""
+    if not kernel_available():
+        pytest.skip("the compiled kernel was not built")
+    if request.param == "vector" and not _vector_path_available():
+        pytest.skip("this CPU has no AVX2/F16C: the vector loop is not used here")
+    from fpsim import _fasthist
+
+    before = _fasthist.vector_path()
+    _fasthist.vector_path(request.param == "vector")
+    yield request.param
+    _fasthist.vector_path(before)
+
+
+@pytest.mark.parametrize("n", [7, 4101, 300_007], ids=lambda n: f"n{n}")   # tails; above a 2^18-value chunk
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_both_kernel_loops_count_and_weigh_as_numpy(kernel_path, n, dtype):
+    values = awkward_values(n, n)[-n:]
+    t = torch.from_numpy(values).to(dtype)
+    widened = t.float().numpy()
+    counts, amax, mass = Log2Counter(kernel=True).count(t, mass=True)
+    assert_same(Log2Histogram.from_raw(np.asarray(counts)), numpy_count(widened))
+    np.testing.assert_allclose(np.asarray(mass), numpy_mass(widened), rtol=1e-12, atol=0)
+    finite = widened[np.isfinite(widened)]
+    expected_amax = math.nan if np.isnan(widened).any() else float(np.abs(widened).max())
+    assert float(amax) == expected_amax or (math.isnan(expected_amax) and math.isnan(float(amax)))
+    counts_plain, amax_plain = Log2Counter(kernel=True).count(torch.from_numpy(finite).to(dtype))
+    assert float(amax_plain) == float(np.abs(finite).max())
+    assert_same(Log2Histogram.from_raw(np.asarray(counts_plain)), numpy_count(finite))
+
+
+def test_float16_subnormals_are_counted_with_denormals_flushed(kernel_path):
+    """torch.set_flush_denormal(True) sets the CPU's FTZ/DAZ bits; the float16 widening must not depend on them."""
+    subnormals = torch.arange(1, 1024, dtype=torch.int16).view(torch.float16)   # every positive float16 subnormal
+    t = torch.cat([subnormals, -subnormals, torch.full((5,), 1.5, dtype=torch.float16)])
+    expected = numpy_count(t.float().numpy())
+    expected_mass = numpy_mass(t.float().numpy())
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        counts, amax, mass = Log2Counter(kernel=True).count(t, mass=True)
+    finally:
+        torch.set_flush_denormal(False)
+    assert_same(Log2Histogram.from_raw(np.asarray(counts)), expected)
+    np.testing.assert_allclose(np.asarray(mass), expected_mass, rtol=1e-12, atol=0)
+    assert float(amax) == 1.5
+
+
+@pytest.mark.parametrize("n", [5, 300, 70_001], ids=lambda n: f"n{n}")
+def test_both_kernel_loops_count_updates_and_lost_updates_as_numpy(kernel_path, n):
+    """`updates` against numpy: u = now - before in float32, its classes, and per format the nonzero updates
+    whose exponent field is at most the table's limit for the weight's field (subnormal updates always)."""
+    from fpsim import _fasthist
+
+    rng = np.random.default_rng(n)
+    before = awkward_values(n, n + 1)[-n:]
+    step = (rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-150, 5, size=n))).astype(np.float32)
+    step[::7] = 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        now = (before + step).astype(np.float32)
+        update = now - before                                     # float32 subtraction, as the kernel's
+    n_formats = 6
+    last = rng.integers(0, 255, size=(256, n_formats)).astype(np.int32)
+    lost = np.zeros(n_formats, np.int64)
+    _, pairs = _fasthist.updates(before.ctypes.data, ((now.ctypes.data, n),), last, n_formats, lost)
+    raw = np.zeros(1026, np.int64)
+    codes = np.frombuffer(pairs, np.int64).reshape(-1, 2)
+    raw[codes[:, 0]] = codes[:, 1]
+    assert_same(Log2Histogram.from_raw(raw), numpy_count(update))
+    t = (update.view(np.uint32) >> 23) & 0xFF
+    g = (before.view(np.uint32) >> 23) & 0xFF
+    nonzero = (update != 0) | np.isnan(update)
+    expected = [int((nonzero & ((t == 0) | (t <= last[g, f]))).sum()) for f in range(n_formats)]
+    assert lost.tolist() == expected
