@@ -108,8 +108,9 @@ def loss_scale_windows(report, formats=None):
         panels.append(plots.WindowPanel(lim.name, title, windows, [layer.name in ls.served for layer in layers],
                                         shared, ls.recommended_log2, xlim))
     return plots.layer_windows([layer.name for layer in layers], panels,
-                               title="Loss scales 2^s that keep each layer's gradient underflow ≤ "
-                                     f"{report.settings.underflow_threshold:g} (of nonzero values) without overflow")
+                               title="Loss scales 2^s at which each layer's gradients overflow nowhere and lose "
+                                     f"at most {report.settings.underflow_threshold:g} of their nonzero values "
+                                     "(or less than one rounding's error) to zeros")
 
 
 def gradscaler_trajectory(report):

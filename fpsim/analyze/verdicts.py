@@ -6,8 +6,13 @@ multiplies gradients only (activation_grad, weight_grad); activations and
 weights are judged at scale 1. A tensor's window is the set of s where its
 underflow fraction is at most `underflow_threshold` and nothing overflows
 (decided exactly from the amax); underflow falls and overflow grows with s,
-so windows are intervals. Formats of 8 bits or fewer are judged with one
-power-of-two scale per tensor instead, 2^s with amax * 2^s <= max (delayed
+so windows are intervals. Underflow beyond the threshold is forgiven where it
+cannot matter: when the values that flush carry so little of the tensor's
+norm that losing them adds less relative L2 error than one rounding in the
+format (2^-(man_bits + 1)), as the rounding noise of a gradient that is
+exactly zero in exact arithmetic does (a key projection's bias: softmax
+cancels it), however many values it holds. Formats of 8 bits or fewer are
+judged with one power-of-two scale per tensor instead, 2^s with amax * 2^s <= max (delayed
 scaling with an amax history as long as the run), less `fp8_margin` binades.
 """
 
@@ -16,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
+from .effect import effects
 from .histogram import Log2Histogram
 from .store import GRADIENT_KINDS
 
@@ -23,6 +31,14 @@ FORWARD_KINDS = ("activation", "weight")
 VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""
+FLUSH_SCALES = 256
+"""TensorStats.flush_error is computed for the log2 scales -FLUSH_SCALES..FLUSH_SCALES at once (beyond them, as
+at their ends: nothing or everything flushes)."""
+
+
+def unit_roundoff(lim) -> float:
+    """The relative error of one round-to-nearest in the format: 2^-(man_bits + 1)."""
+    return math.ldexp(1.0, -(lim.fmt.man_bits + 1))
 
 INTENDED_INF_OPS = ("masked_fill", "masked_fill_", "fill", "fill_", "where", "index_put", "index_put_",
                     "masked_scatter", "clamp", "max", "min", "amax", "amin")
@@ -75,7 +91,8 @@ class TensorStats:
     mass: object = None
     """The mass per binade (effect.Mass: sum |x|, sum x^2), None where none was kept (updates)."""
     _windows: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
-    """(format limits, settings) -> window: each is asked for many times (verdicts, loss scale, report, figures)."""
+    """(format limits, settings) -> window, ("flush", format limits) -> flush errors by scale: each is asked for
+    many times (verdicts, loss scale, report, figures)."""
 
     @property
     def nonzero(self) -> int:
@@ -104,11 +121,34 @@ class TensorStats:
         sure, possible = self.hist.overflow_bounds(lim, scale)
         return max(possible, 1) / self.nonzero
 
+    def flush_error(self, lim, scale: int = 0) -> float | None:
+        """The relative L2 error that flushing to zero adds at scale 2^scale: the square root of the share of
+        sum x^2 carried by the values that flush (effect.py). None without mass."""
+        if self.mass is None:
+            return None
+        key = ("flush", lim)
+        if key not in self._windows:   # every scale at once: windows ask for dozens
+            scales = np.arange(-FLUSH_SCALES, FLUSH_SCALES + 1)
+            lost = effects(self.hist, self.mass, lim, scales, np.zeros(scales.shape, bool))["mass_lost_l2"]
+            self._windows[key] = np.sqrt(lost)
+        errors = self._windows[key]
+        error = float(errors[int(np.clip(scale, -FLUSH_SCALES, FLUSH_SCALES)) + FLUSH_SCALES])
+        return None if math.isnan(error) else error
+
+    def underflow_matters(self, lim, scale: int, threshold: float) -> bool:
+        """More than `threshold` of the nonzero values flush to zero at scale 2^scale, and together they carry
+        enough of the tensor's norm to matter: flushing them adds more relative L2 error than one rounding in
+        the format, 2^-(man_bits + 1) (always, without mass)."""
+        if self.underflow_fraction(lim, scale) <= threshold:
+            return False
+        error = self.flush_error(lim, scale)
+        return error is None or error > unit_roundoff(lim)
+
     def fits(self, lim, scale: int, threshold: float) -> bool:
-        return self.underflow_fraction(lim, scale) <= threshold and not self.overflows(lim, scale)
+        return not self.underflow_matters(lim, scale, threshold) and not self.overflows(lim, scale)
 
     def window(self, lim, settings: Settings):
-        """(lo, hi): the log2 loss scales that keep underflow <= threshold without overflow; None if none."""
+        """(lo, hi): the log2 loss scales with no underflow that matters and no overflow; None if none."""
         key = (lim, settings)
         if key not in self._windows:
             lo_range, hi_range = settings.scale_range
@@ -272,15 +312,14 @@ def loss_scaled_verdict(layer: Layer, lim, choice: LossScale, settings: Settings
         if t.overflows(lim, 0):
             problems.append(f"{_KIND_WORDS[kind]} overflow {lim.name}: max |x| = {t.amax:.3g} "
                             f"> {lim.max:.6g}")
-        uf = t.underflow_fraction(lim, 0)
-        if uf > thr:
-            problems.append(f"{_pct(uf)} of nonzero {_KIND_WORDS[kind]} flush to zero in {lim.name} "
-                            f"(no loss scale applies to them)")
+        if t.underflow_matters(lim, 0, thr):
+            problems.append(f"{_pct(t.underflow_fraction(lim, 0))} of nonzero {_KIND_WORDS[kind]} flush to zero "
+                            f"in {lim.name}{_carrying(t, lim, 0)} (no loss scale applies to them)")
     window = layer.gradient_window(lim, settings)
     grads = [layer.tensors[k] for k in GRADIENT_KINDS if k in layer.tensors and layer.tensors[k].nonzero]
     needs_scale = False
     if grads:
-        worst0 = max(grads, key=lambda t: t.underflow_fraction(lim, 0))
+        worst0 = max(grads, key=lambda t: (t.underflow_matters(lim, 0, thr), t.underflow_fraction(lim, 0)))
         uf0 = worst0.underflow_fraction(lim, 0)
         if window is None:
             lo, hi = settings.scale_range
@@ -305,7 +344,8 @@ def loss_scaled_verdict(layer: Layer, lim, choice: LossScale, settings: Settings
             if worst0.overflows(lim, 0):
                 why = f"{_KIND_WORDS[worst0.kind]} overflow at scale 1"
             else:
-                why = f"{_pct(uf0)} of nonzero {_KIND_WORDS[worst0.kind]} underflow at scale 1"
+                why = f"{_pct(uf0)} of nonzero {_KIND_WORDS[worst0.kind]} underflow at scale 1" \
+                      f"{_carrying(worst0, lim, 0)}"
             after = max(t.underflow_fraction(lim, r) for t in grads)
             reason = (f"{why}; loss scale {_pow2(r)} keeps underflow at {_pct(after)} without overflow "
                       f"(this layer's window {_pow2(window[0])}..{_pow2(window[1])})")
@@ -317,7 +357,13 @@ def loss_scaled_verdict(layer: Layer, lim, choice: LossScale, settings: Settings
         return Verdict("fp32", text, window)
     if needs_scale:
         return Verdict("loss_scale", reason, window)
-    return Verdict("ok", _ok_reason(layer, lim, window), window)
+    return Verdict("ok", _ok_reason(layer, lim, thr), window)
+
+
+def _carrying(t: TensorStats, lim, scale: int) -> str:
+    """', adding X relative L2 error' for values that flush at scale 2^scale, where the mass says."""
+    error = t.flush_error(lim, scale)
+    return "" if error is None else f", adding {error:.2g} relative L2 error"
 
 
 def _span(t: TensorStats) -> int:
@@ -325,7 +371,7 @@ def _span(t: TensorStats) -> int:
     return 0 if top is None else top - bottom + 1
 
 
-def _ok_reason(layer: Layer, lim, window) -> str:
+def _ok_reason(layer: Layer, lim, threshold: float) -> str:
     parts = []
     forward = [t for k, t in layer.tensors.items() if k in FORWARD_KINDS and t.nonzero]
     if forward:
@@ -335,6 +381,13 @@ def _ok_reason(layer: Layer, lim, window) -> str:
     if grads:
         uf = max(t.underflow_fraction(lim, 0) for t in grads)
         parts.append(f"gradient underflow {_pct(uf)} at scale 1")
+    forgiven = [t for t in layer.tensors.values() if t.nonzero and t.underflow_fraction(lim, 0) > threshold
+                and not t.underflow_matters(lim, 0, threshold)]
+    if forgiven:
+        t = max(forgiven, key=lambda t: t.underflow_fraction(lim, 0))
+        parts.append(f"the {_pct(t.underflow_fraction(lim, 0))} of {_KIND_WORDS[t.kind]} that flush add only "
+                     f"{t.flush_error(lim, 0):.2g} relative L2 error, below one {lim.name} rounding "
+                     f"({unit_roundoff(lim):.2g})")
     return "; ".join(parts) if parts else "nothing recorded"
 
 
@@ -351,7 +404,7 @@ def per_tensor_verdict(layer: Layer, lim, settings: Settings) -> Verdict:
         if not t.fits(lim, 0, thr):
             unscaled_ok = False
         lost = t.underflow_fraction(lim, s) if s is not None else 1.0
-        if s is None or lost > thr:
+        if s is None or t.underflow_matters(lim, s, thr):
             failures.append(f"{_pct(lost)} of nonzero {_KIND_WORDS[kind]} underflow even with the per-tensor "
                             f"scale {_pow2(s) if s is not None else '(none)'}")
         else:

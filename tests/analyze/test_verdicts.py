@@ -110,3 +110,38 @@ def test_choose_loss_scale_serves_most_layers_and_names_the_rest():
     assert (choice.min_log2, choice.max_log2) == (5, 20)
     assert choice.min_log2 <= choice.recommended_log2 <= min(choice.max_log2, choice.min_log2 + 8)
     assert choose_loss_scale([layer_with_gradients("x", -10, 0)], fp16, settings).recommended_log2 == 0
+
+
+# ------------------------------------------- underflow that matters: the count and the norm it carries
+def _gradient_stats(values: np.ndarray) -> TensorStats:
+    from fpsim.analyze.effect import Mass
+    from fpsim.analyze.histogram import Log2Counter
+
+    counts, amax, mass = Log2Counter().count(torch.from_numpy(values), mass=True)
+    return TensorStats("x", "weight_grad", Log2Histogram.from_raw(np.asarray(counts)), float(amax), None, 1,
+                       mass=Mass.from_raw(np.asarray(mass)))
+
+
+@pytest.mark.parametrize("base_log2, noise_log2, share, matters", [
+    (-8, -40, 0.01, False), (-8, -40, 0.6, False), (-8, -27, 0.2, False),   # noise: many values, no norm
+    (-20, -27, 0.2, True), (-22, -26, 0.01, True),                            # small values near the edge
+    (-8, -27, 0.0005, False)])                                                # under the count threshold
+def test_underflow_matters_when_the_flushed_values_add_more_error_than_one_rounding(base_log2, noise_log2, share,
+                                                                                   matters):
+    """A gradient of values near 2^base_log2 with `share` of them near 2^noise_log2 (below FP16's flush edge).
+    Expected from fpsim.quantize alone: which values FP16 flushes, the share they are, and the relative L2
+    error losing them adds, against FP16's unit roundoff 2^-11."""
+    rng = np.random.default_rng(abs(noise_log2) + int(share * 1e4))
+    n = 20_000
+    values = (rng.standard_normal(n) * 2.0**base_log2).astype(np.float32)
+    noisy = rng.random(n) < share
+    values[noisy] = (rng.standard_normal(int(noisy.sum())) * 2.0**noise_log2).astype(np.float32)
+    flushed = (np.asarray(fpsim.quantize(values, "fp16")) == 0) & (values != 0)
+    exact = values.astype(np.float64)
+    error = float(np.sqrt(np.square(exact[flushed]).sum() / np.square(exact).sum()))
+    fp16, stats = FormatLimits.of("fp16"), _gradient_stats(values)
+    assert stats.flush_error(fp16, 0) == pytest.approx(error, rel=1e-9)
+    expected = flushed.sum() / (values != 0).sum() > 1e-3 and error > 2.0**-11
+    assert bool(expected) is matters            # (the case is the one its parameters describe)
+    assert stats.underflow_matters(fp16, 0, 1e-3) is bool(expected)
+    assert stats.fits(fp16, 0, 1e-3) is not bool(expected)
