@@ -416,3 +416,36 @@ def test_a_run_stopped_after_n_steps_records_the_scalers_last_step(tmp_path, ini
     assert report.run["steps"] == 3
     assert record["steps"] == 3 and record["skipped"] == torch_skipped
     assert [s for _, s in record["trajectory"]] == sorted(set(used[:3]), reverse=True)
+
+
+class ViewThenWrite(nn.Module):
+    """A Linear whose output is written in place (through a view) after it was counted, then handed on by a
+    block: the counts of a tensor seen again are reused only while its values are unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.block = nn.Identity()
+
+    def forward(self, x):
+        h = self.lin(x)                     # addmm on (16 * 2, 8), viewed as (16, 2, 8)
+        flat = h.reshape(-1)
+        flat.mul_(3.0)                      # written through a view: h's values change after addmm was counted
+        return self.block(h) + 0.0
+
+
+def test_a_tensor_seen_again_reuses_its_counts_only_while_its_values_are_unchanged():
+    torch.manual_seed(0)
+    model = ViewThenWrite()
+    x = torch.randn(16, 2, 8) * 1e-3
+    with torch.no_grad():
+        h = model.lin(x)
+    with fpsim.watch(model, formats=("fp16",), modules="all") as w:
+        model(x).sum().backward()
+    report = w.report()
+    addmm = report.layer("lin:addmm").tensors["activation"]
+    assert_same(addmm.hist, numpy_count(h.numpy()))                     # counted before the write
+    block = report.layer("block").tensors["activation"]
+    assert_same(block.hist, numpy_count((h * 3.0).numpy()))              # after it: counted again, not reused
+    lin = report.layer("lin").tensors["activation"]
+    assert_same(lin.hist, numpy_count(h.numpy()))                        # the Linear's output, before the write
