@@ -1,8 +1,17 @@
 """Test-suite configuration shared by every test directory."""
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis draws the same examples on every run by default, so that a run of the suite (CI's above all)
+# gives the same result each time; HYPOTHESIS_PROFILE=explore draws new ones each run (how bugs are found:
+# keep what it finds as an @example).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 # Directories whose tests train small torch models: they run single-threaded, which is faster for
 # models this small, on a busy machine above all.
