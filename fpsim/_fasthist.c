@@ -361,8 +361,11 @@ static ALWAYS_INLINE VECTOR_TARGET uint32_t wide_chunk(const void *data, Py_ssiz
         W->e[3][cls[7]] = _mm_add_epi64(W->e[3][cls[7]], p[7]);
     }
     for (Py_ssize_t i = body; i < n; i++) wide_add1(W, wide_bits1(data, i, kind));
-    /* Fold: counts into totals, sums by exponent field into mass (field 255, Inf and NaN, has none). */
-    uint64_t sums[256] = {0}, squares[256] = {0};
+    /* Fold: counts into totals, sums by exponent field into mass (field 255, Inf and NaN, has none). An
+       entry's sum of squares is below 2^64 (2^16 values below 2^48 each), but the 16 entries of a field
+       together need not be: each is added as a double. */
+    uint64_t sums[256] = {0};
+    double squares[256] = {0};
     for (int lane = 0; lane < LANES; lane++)
         for (int sign = 0; sign < 2; sign++)
             for (Py_ssize_t c = 512 * sign + first; c < 512 * sign + first + span; c++) {
@@ -370,12 +373,12 @@ static ALWAYS_INLINE VECTOR_TARGET uint32_t wide_chunk(const void *data, Py_ssiz
                 memcpy(v, &W->e[lane][c], 16);
                 if (!v[0]) continue;
                 totals[c] += (int64_t)(v[0] >> SUM_BITS);
-                sums[(c >> 1) & 0xff] += v[0] & (((uint64_t)1 << SUM_BITS) - 1);
-                squares[(c >> 1) & 0xff] += v[1];
+                sums[(c >> 1) & 0xff] += v[0] & (((uint64_t)1 << SUM_BITS) - 1);   /* (16 x 2^40: no overflow) */
+                squares[(c >> 1) & 0xff] += (double)v[1];
             }
     for (uint32_t f = low; f <= high && f < 255; f++) {
         if (sums[f]) mass[f] += (double)sums[f] * unit1[f];
-        if (squares[f]) mass[256 + f] += (double)squares[f] * unit2[f];
+        if (squares[f] != 0.0) mass[256 + f] += squares[f] * unit2[f];
     }
     if (kind == KIND_BF16) return top >> 16;
     if (kind == KIND_F16) {

@@ -281,3 +281,16 @@ def test_both_kernel_loops_count_updates_and_lost_updates_as_numpy(kernel_path, 
     nonzero = (update != 0) | np.isnan(update)
     expected = [int((nonzero & ((t == 0) | (t <= last[g, f]))).sum()) for f in range(n_formats)]
     assert lost.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chunk_of_values_in_one_binade_keeps_its_sum_of_squares(kernel_path, dtype):
+    """300,000 values in [1.99, 2): every chunk's squared significands sum past 2^64 within one exponent field
+    (2^18 values of nearly 2^48 each), which no integer counter may hold."""
+    rng = np.random.default_rng(3)
+    values = rng.uniform(1.99, 2.0, size=300_000).astype(np.float32)
+    t = torch.from_numpy(values).to(dtype)
+    widened = t.float().numpy()
+    counts, amax, mass = Log2Counter(kernel=True).count(t, mass=True)
+    np.testing.assert_allclose(np.asarray(mass), numpy_mass(widened), rtol=1e-12, atol=0)
+    assert_same(Log2Histogram.from_raw(np.asarray(counts)), numpy_count(widened))
