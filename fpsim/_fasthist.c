@@ -291,9 +291,9 @@ static ALWAYS_INLINE VECTOR_TARGET uint32_t wide_bits1(const void *data, Py_ssiz
     return u;
 }
 
-static ALWAYS_INLINE void wide_add1(wide_lanes_t *W, uint32_t u) {
+static ALWAYS_INLINE void wide_add1(wide_lanes_t *W, int lane, uint32_t u) {
     uint32_t f = (u >> 23) & 0xffu;
-    uint64_t s = (u & 0x7fffffu) | (uint32_t)(f != 0) << 23, *entry = (uint64_t *)&W->e[0][F32_CLASS(u)];
+    uint64_t s = (u & 0x7fffffu) | (uint32_t)(f != 0) << 23, *entry = (uint64_t *)&W->e[lane][F32_CLASS(u)];
     entry[0] += ((uint64_t)1 << SUM_BITS) + s;
     entry[1] += s * s;
 }
@@ -360,7 +360,8 @@ static ALWAYS_INLINE VECTOR_TARGET uint32_t wide_chunk(const void *data, Py_ssiz
         W->e[1][cls[5]] = _mm_add_epi64(W->e[1][cls[5]], p[6]);
         W->e[3][cls[7]] = _mm_add_epi64(W->e[3][cls[7]], p[7]);
     }
-    for (Py_ssize_t i = body; i < n; i++) wide_add1(W, wide_bits1(data, i, kind));
+    for (Py_ssize_t i = body; i < n; i++) /* (in lane i % 4 too: no lane holds more than 2^16 values) */
+        wide_add1(W, (int)(i & (LANES - 1)), wide_bits1(data, i, kind));
     /* Fold: counts into totals, sums by exponent field into mass (field 255, Inf and NaN, has none). An
        entry's sum of squares is below 2^64 (2^16 values below 2^48 each), but the 16 entries of a field
        together need not be: each is added as a double. */
