@@ -268,6 +268,11 @@ static int kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
 static int vector_mass; /* AVX2 and F16C present (set when the module loads), and not switched off */
 
+static int cpu_has_vector(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
 typedef struct {
     __m128i e[LANES][1024]; /* per lane and class: count << SUM_BITS | significand sum, squared significand sum */
 } wide_lanes_t;
@@ -1096,8 +1101,7 @@ static PyObject *vector_path(PyObject *self, PyObject *args) {
     if (on != Py_None) {
         int want = PyObject_IsTrue(on);
         if (want < 0) return NULL;
-        __builtin_cpu_init();
-        vector_mass = want && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        vector_mass = want && cpu_has_vector();
     }
     return PyBool_FromLong(vector_mass);
 #else
@@ -1140,8 +1144,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fasthist",
 PyMODINIT_FUNC PyInit__fasthist(void) {
     init_tables();
 #ifdef VECTOR_MASS
-    __builtin_cpu_init();
-    vector_mass = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    vector_mass = cpu_has_vector();
 #endif
     return PyModule_Create(&module);
 }

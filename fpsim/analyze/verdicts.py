@@ -37,8 +37,8 @@ at their ends: nothing or everything flushes)."""
 
 
 def unit_roundoff(lim) -> float:
-    """The relative error of one round-to-nearest in the format: 2^-(man_bits + 1)."""
-    return math.ldexp(1.0, -(lim.fmt.man_bits + 1))
+    """The relative error of one round-to-nearest in the format: half its machine epsilon, 2^-(man_bits + 1)."""
+    return float(lim.fmt.eps) / 2
 
 INTENDED_INF_OPS = ("masked_fill", "masked_fill_", "fill", "fill_", "where", "index_put", "index_put_",
                     "masked_scatter", "clamp", "max", "min", "amax", "amin")
