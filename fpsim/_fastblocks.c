@@ -23,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -290,10 +291,149 @@ static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------ NVFP4: E2M1 elements, E4M3 block scales, an FP32 tensor scale */
+/* For each block of 16 (or `block`) finite float32 elements and the tensor scale t (fpsim/blocks.py, computed
+ * by the caller from the tensor's amax), in round-to-nearest-even:
+ *
+ *   scale     s = max(amax, amax_floor) / (6 t) rounded to E4M3, saturating at 448: the float64 quotient
+ *             (6 t has at most 26 significant bits, amax 24) rounded to E4M3's grid by rint, which is the
+ *             correct rounding of the exact quotient: that is either one of E4M3's decision points (then
+ *             exact in float64) or further from one than float64's rounding moves it (fpsim/quotient.py);
+ *   elements  x / (s t) rounded to E2M1 with saturation, without a quotient: E2M1's magnitudes are
+ *             0, 0.5, 1, 1.5, 2, 3, 4, 6, its decision points the midpoints m between them, and the code
+ *             of |x| is the count of midpoints it passes, |x| > m s t, or >= where a tie rounds up to an
+ *             even code. m s t (at most 31 significant bits, exact in float64) becomes, once per block, the
+ *             float32 threshold that |x|, a float32, passes exactly when it passes m s t, so that the
+ *             element loop compares float32s. A block whose scale is 0 gives ±0 elements (the input's sign);
+ *   output    the element code (sign bit 3) or the dequantised value E2M1(code) * s * t in float64
+ *             (exact: at most 30 significant bits), and the scale's E4M3 code.
+ *
+ * fpsim/_native_blocks.py covers_nvfp4 says when this applies; tests/test_blocks.py checks it against
+ * fpsim/exact_blocks.py like the rest. */
+#define E2M1_MIDPOINTS 7
+static const double e2m1_midpoints[E2M1_MIDPOINTS] = {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0};
+static const int e2m1_tie_up[E2M1_MIDPOINTS] = {0, 1, 0, 1, 0, 1, 0}; /* ties go to the even code */
+
+static ALWAYS_INLINE double power_of_two(int e) { /* 2^e for -1022 <= e <= 1023 */
+    const uint64_t bits = (uint64_t)(e + 1023) << 52;
+    double f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* E4M3 (bias 7, 3 mantissa bits, subnormals of 2^-9, max 448) of a normal float64 q > 0 or of 0, rounded to
+   nearest even and saturating: its code, and its value in *value. */
+static ALWAYS_INLINE uint32_t e4m3_nearest(double q, double *value) {
+    uint64_t bits;
+    memcpy(&bits, &q, sizeof bits);
+    const int e = (int)(bits >> 52) - 1023;                 /* q = 1.f * 2^e (q = 0: e = -1023) */
+    const int grid = e < -6 ? -9 : e - 3;                   /* the spacing 2^grid at q */
+    const double magic = 4503599627370496.0;                /* 2^52: adding it rounds to an integer, to even */
+    const double n = (q * power_of_two(-grid) + magic) - magic; /* the nearest count of 2^grid (exact scaling) */
+    const double v = n * power_of_two(grid);
+    if (v > 448.0) {
+        *value = 448.0;
+        return 0x7Eu;
+    }
+    *value = v;
+    if (grid == -9) return (uint32_t)n;                     /* subnormal (n = 8: 2^-6, whose code is 8 too) */
+    return n == 16.0 ? (uint32_t)(e + 8) << 3 : ((uint32_t)(e + 7) << 3) | ((uint32_t)n - 8u);
+}
+
+/* The float32 threshold tau with a >= tau exactly where a > t (strict) or a >= t, for every float32 a >= 0:
+   the float32 just above t when t is one and the comparison is strict, else the smallest float32 >= t. */
+static ALWAYS_INLINE float float32_threshold(double t, int strict) {
+    const float f = (float)t; /* nearest */
+    const int above = (double)f > t || ((double)f == t && !strict);
+    return above ? f : bits_float(float_bits(f) + 1u); /* (t >= 0 and below float32's max here) */
+}
+
+static ALWAYS_INLINE void run_nvfp4(const uint32_t *restrict x, void *restrict dst, uint8_t *restrict scales,
+                                    Py_ssize_t blocks, Py_ssize_t block, double tensor_scale, float amax_floor,
+                                    int output) {
+    const double divisor = 6.0 * tensor_scale; /* exact */
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const uint32_t *xb = x + b * block;
+        uint32_t amax = 0;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint32_t a = xb[i] & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        const float floored = bits_float(amax) > amax_floor ? bits_float(amax) : amax_floor;
+        double s;
+        scales[b] = (uint8_t)e4m3_nearest((double)floored / divisor, &s);
+        const double d = s * tensor_scale; /* exact: at most 28 significant bits */
+        float tau[E2M1_MIDPOINTS];         /* |x| >= tau[j]: |x| passes midpoint j (exactly, see above) */
+        for (int j = 0; j < E2M1_MIDPOINTS; j++)
+            tau[j] = d == 0 ? bits_float(0x7f800000u) : float32_threshold(e2m1_midpoints[j] * d, !e2m1_tie_up[j]);
+        const Py_ssize_t at = b * block;
+        for (Py_ssize_t i = 0; i < block; i++) {
+            const uint32_t u = xb[i], sign = u >> 31;
+            const float a = bits_float(u & 0x7fffffffu);
+            uint32_t mag = 0;
+            for (int j = 0; j < E2M1_MIDPOINTS; j++) mag += a >= tau[j];
+            if (output == OUT_F64) {
+                const float g = mag < 4 ? 0.5f * (float)mag : mag == 7 ? 6.0f : (float)mag - 2.0f; /* E2M1(mag) */
+                const double v = (double)g * d;
+                ((double *)dst)[at + i] = sign ? -v : v;
+            } else {
+                ((uint8_t *)dst)[at + i] = (uint8_t)(mag | (sign << 3));
+            }
+        }
+    }
+}
+
+MULTIVERSION static void run_nvfp4_codes(const uint32_t *x, void *dst, uint8_t *scales, Py_ssize_t blocks,
+                                         Py_ssize_t block, double tensor_scale, float amax_floor) {
+    if (block == 16) run_nvfp4(x, dst, scales, blocks, 16, tensor_scale, amax_floor, OUT_CODES8);
+    else run_nvfp4(x, dst, scales, blocks, block, tensor_scale, amax_floor, OUT_CODES8);
+}
+
+MULTIVERSION static void run_nvfp4_values(const uint32_t *x, void *dst, uint8_t *scales, Py_ssize_t blocks,
+                                          Py_ssize_t block, double tensor_scale, float amax_floor) {
+    if (block == 16) run_nvfp4(x, dst, scales, blocks, 16, tensor_scale, amax_floor, OUT_F64);
+    else run_nvfp4(x, dst, scales, blocks, block, tensor_scale, amax_floor, OUT_F64);
+}
+
+static PyObject *quantize_nvfp4(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"src", "dst", "scales", "block", "values", "tensor_scale", "amax_floor", NULL};
+    Py_buffer src, dst, scales;
+    Py_ssize_t block;
+    int values;
+    double tensor_scale;
+    float amax_floor;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*w*w*$npdf", names, &src, &dst, &scales, &block, &values,
+                                     &tensor_scale, &amax_floor))
+        return NULL;
+    const Py_ssize_t n = src.len / 4;
+    const char *problem = NULL;
+    if (!(tensor_scale > 0) || !(tensor_scale < 3.5e38) || !(amax_floor >= 0) || !(amax_floor < 3.5e38f))
+        problem = "quantize_nvfp4: the tensor scale must be a positive float32, amax_floor finite and >= 0";
+    else if (block < 1 || src.len % 4 || n % block || dst.len != n * (values ? 8 : 1) || scales.len != n / block)
+        problem = "quantize_nvfp4: src must be whole blocks of float32, dst one output and scales one byte per block";
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS
+        if (values) run_nvfp4_values(src.buf, dst.buf, scales.buf, n / block, block, tensor_scale, amax_floor);
+        else run_nvfp4_codes(src.buf, dst.buf, scales.buf, n / block, block, tensor_scale, amax_floor);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&scales);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"quantize_mx", (PyCFunction)(void (*)(void))quantize_mx, METH_VARARGS | METH_KEYWORDS,
      "quantize_mx(src, dst, scales, *, block, mode, output, rule, <element format>): MX blocks of float32 src "
      "into element codes or dequantised values (dst) and E8M0 scale codes (scales)"},
+    {"quantize_nvfp4", (PyCFunction)(void (*)(void))quantize_nvfp4, METH_VARARGS | METH_KEYWORDS,
+     "quantize_nvfp4(src, dst, scales, *, block, values, tensor_scale, amax_floor): NVFP4 blocks of finite "
+     "float32 src into E2M1 codes or dequantised float64 values (dst) and E4M3 scale codes (scales)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastblocks",

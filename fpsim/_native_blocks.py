@@ -1,12 +1,14 @@
-"""The compiled MX path (fpsim/_fastblocks.c) and its bridge.
+"""The compiled block paths (fpsim/_fastblocks.c) and their bridge.
 
-For float32 input in blocks of consecutive elements, an E8M0 scale rule
-(floor, ceil, even, rceil) and a deterministic rounding mode, the kernel takes
-each block's amax, its scale and its rounded elements in one pass, the
-division by the power-of-two scale folded into the rounding as an exponent
-offset. block_codec uses it where `covers` says so; without a compiler
-(`_fastblocks` missing) every block goes the general way, with the same bits
-(tests/test_blocks.py checks both against fpsim/exact_blocks.py).
+For float32 input in blocks of consecutive elements, the kernels take each
+block's amax, its scale and its rounded elements in one pass: MX (an E8M0 scale
+rule: floor, ceil, even, rceil; a deterministic rounding mode), the division by
+the power-of-two scale folded into the rounding as an exponent offset; and
+NVFP4 (round-to-nearest-even, finite input), whose elements are found by exact
+comparisons with the E2M1 midpoints times the block's divisor. block_codec uses
+them where `covers` says so; without a compiler (`_fastblocks` missing) every
+block goes the general way, with the same bits (tests/test_blocks.py checks
+every path against fpsim/exact_blocks.py).
 """
 
 from __future__ import annotations
@@ -41,13 +43,24 @@ def _covers_element(element: Format) -> bool:
             and quantum_exp >= -21 and element.bits <= 16 and float(np.float32(element.max)) == element.max)
 
 
-def covers(fmt, runs, dtype, rounding: str) -> bool:
-    """Whether the kernel quantises this: `fmt` (a BlockFormat) with float elements, an E8M0 scale and a
-    rule in RULES; `runs` (blocks as runs of consecutive elements, see block_codec) set; float32 input;
-    a deterministic mode."""
-    return (_fastblocks is not None and bool(runs) and np.dtype(dtype) == np.float32
-            and not MODES[rounding].stochastic and fmt.kind == "float" and fmt.scale == PRESETS["e8m0"]
+def _covers_mx(fmt, rounding: str) -> bool:
+    """Float elements, an E8M0 scale and a rule in RULES, a deterministic mode."""
+    return (not MODES[rounding].stochastic and fmt.kind == "float" and fmt.scale == PRESETS["e8m0"]
             and fmt.scale_rule in RULES and _covers_element(fmt.element))
+
+
+def _covers_nvfp4(fmt, rounding: str) -> bool:
+    """E2M1 elements, E4M3 scales by the "nearest" rule, an FP32 tensor scale (or none), round-to-nearest-even."""
+    return (rounding == "nearest_even" and fmt.kind == "float" and fmt.element == PRESETS["e2m1"]
+            and fmt.scale == PRESETS["e4m3"] and fmt.scale_rule == "nearest"
+            and fmt.tensor_scale in (None, PRESETS["fp32"]))
+
+
+def covers(fmt, runs, dtype, rounding: str) -> bool:
+    """Whether a kernel quantises this: `fmt` (a BlockFormat) that _covers_mx or _covers_nvfp4; `runs`
+    (blocks as runs of consecutive elements, see block_codec) set; float32 input."""
+    return (_fastblocks is not None and bool(runs) and np.dtype(dtype) == np.float32
+            and (_covers_mx(fmt, rounding) or _covers_nvfp4(fmt, rounding)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,17 +75,35 @@ def _params(fmt) -> dict:
                 element_max=float(element.max), nan_code=nan_code)
 
 
-def quantize(view: np.ndarray, fmt, rounding: str, out_dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(element codes or dequantised values of dtype `out_dtype`, E8M0 scale codes) of a C-contiguous
-    float32 array whose last axis is one block (block_codec's blocked view; covers() must hold). The
-    values' dtype must hold every value (block_codec._result_dtype); scale codes have the shape
-    view.shape[:-1]."""
+def quantize(view: np.ndarray, fmt, rounding: str, out_dtype) -> tuple | None:
+    """(element codes or dequantised values of dtype `out_dtype`, scale codes, tensor scale or None) of a
+    C-contiguous float32 array whose last axis is one block (block_codec's blocked view), or None where no
+    kernel applies: covers() must hold, and NVFP4 also needs finite input. The values' dtype must hold every
+    value (block_codec._result_dtype); scale codes have the shape view.shape[:-1]."""
     out_dtype = np.dtype(out_dtype)
     src = np.ascontiguousarray(view, dtype=np.float32)
     block = src.shape[-1]
-    dst = np.empty(src.shape, dtype=out_dtype)
+    flat = src.reshape(-1)
     scales = np.empty(src.shape[:-1], dtype=np.uint8)
-    _fastblocks.quantize_mx(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8), scales.reshape(-1),
+    if _covers_nvfp4(fmt, rounding):
+        from . import _native
+
+        if not flat.size:
+            amax = np.float32(0)
+        elif _native.available():
+            amax = _native.block_amax(flat, flat.size)[0]
+        else:
+            amax = np.max(np.abs(flat))
+        if not np.isfinite(amax):
+            return None  # NaN/Inf blocks: the general path
+        tensor_scale = fmt.tensor_scale_of(float(amax)) if fmt.tensor_scale is not None else None
+        dst = np.empty(src.shape, dtype=out_dtype)
+        _fastblocks.quantize_nvfp4(flat.view(np.uint8), dst.reshape(-1).view(np.uint8), scales.reshape(-1),
+                                   block=block, values=out_dtype != np.uint8, tensor_scale=tensor_scale or 1.0,
+                                   amax_floor=float(np.float32(fmt.amax_floor)))
+        return dst, scales, tensor_scale
+    dst = np.empty(src.shape, dtype=out_dtype)
+    _fastblocks.quantize_mx(flat.view(np.uint8), dst.reshape(-1).view(np.uint8), scales.reshape(-1),
                             block=block, mode=MODES[rounding].kernel_id, output=_OUTPUTS[out_dtype.name],
                             **_params(fmt))
-    return dst, scales
+    return dst, scales, None

@@ -208,9 +208,7 @@ def _scales(blocks: _Blocks, fmt: BlockFormat):
         tensor_amax = np.max(clean, initial=0)
         if np.any(bad):
             tensor_amax = np.max(np.abs(view[np.isfinite(view)]), initial=0)
-        divisor = [float(fmt.element_max), float(fmt.scale.max)]
-        tensor_scale = float(round_quotient(np.array([tensor_amax]), divisor, fmt.tensor_scale,
-                                            saturate=True)[0]) or 1.0
+        tensor_scale = fmt.tensor_scale_of(tensor_amax)
     with np.errstate(all="ignore"):
         scale = fmt.rule.compute(clean, fmt, 1.0 if tensor_scale is None else tensor_scale)
     scale = np.where(bad, np.nan, scale)
@@ -303,8 +301,11 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
+    native = None
     if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
-        values, _ = _native_blocks.quantize(blocks.view, fmt, rounding, dtype)
+        native = _native_blocks.quantize(blocks.view, fmt, rounding, dtype)
+    if native is not None:
+        values = native[0]
     else:
         scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
         values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
@@ -318,9 +319,11 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
     fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
+    native = None
     if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
-        codes, scale_codes = _native_blocks.quantize(blocks.view, fmt, rounding, code_dtype(fmt.element))
-        tensor_scale = None
+        native = _native_blocks.quantize(blocks.view, fmt, rounding, code_dtype(fmt.element))
+    if native is not None:
+        codes, scale_codes, tensor_scale = native
     else:
         scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
         codes = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, True, rng)

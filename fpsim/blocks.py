@@ -257,6 +257,14 @@ class BlockFormat:
     def emax_elem(self) -> int:
         return self.element.emax
 
+    def tensor_scale_of(self, tensor_amax: float) -> float:
+        """The tensor scale for a tensor amax taken over the finite values: fl(amax / (max_elem * max_scale))
+        in the tensor-scale format, saturating; 1 when that is 0 (and when the format has no tensor scale)."""
+        if self.tensor_scale is None:
+            return 1.0
+        divisor = [float(self.element_max), float(self.scale.max)]
+        return float(round_quotient(np.array([tensor_amax]), divisor, self.tensor_scale, saturate=True)[0]) or 1.0
+
     def with_rule(self, scale_rule: str) -> "BlockFormat":
         """The same format with another scale rule (named e.g. "mxfp8_e4m3:rceil")."""
         if scale_rule == self.scale_rule:

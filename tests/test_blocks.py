@@ -189,15 +189,41 @@ def test_float32_blocks_take_the_compiled_paths():
         run, quantize_mx = _native.run_blocks, _native_blocks.quantize
         patch.setattr(_native, "run_blocks", lambda *args, **kw: other.append(args[2]) or run(*args, **kw))
         patch.setattr(_native_blocks, "quantize", lambda *args: mx.append(args[1].name) or quantize_mx(*args))
-        for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
-            fpsim.quantize(np.ones((2, 64), dtype=np.float32), name)
-            fpsim.encode(np.ones(64, dtype=np.float32), name)
+        for name in ("mxfp8_e4m3", "mxfp4", "nvfp4", "fp8_block_1x128"):
+            fpsim.quantize(np.ones((2, 128), dtype=np.float32), name)
+            fpsim.encode(np.ones(128, dtype=np.float32), name)
+        fpsim.quantize(np.ones(64, dtype=np.float32), "nvfp4", "toward_zero")  # NVFP4 in another mode: run_blocks
+        fpsim.quantize(np.full(64, np.nan, dtype=np.float32), "nvfp4")  # NaN blocks: the kernel declines
         fpsim.quantize(np.ones(64, dtype=np.float32), "mxint8")  # integer elements: round_quotient
         fpsim.quantize(np.ones(64, dtype=np.float32), "mxfp8_e4m3", "stochastic", seed=1)  # the numpy path
-    assert mx == ["mxfp8_e4m3", "mxfp8_e4m3", "mxfp4", "mxfp4"] and other == [16, 16]
+    assert mx == ["mxfp8_e4m3", "mxfp8_e4m3", "mxfp4", "mxfp4", "nvfp4", "nvfp4", "nvfp4"]
+    assert other == [128, 128, 16, 16]
 
 
 MX_FLOAT = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"]
+NVFP4_LIKE = {  # formats the compiled NVFP4 path takes: (BlockFormat, its oracle's spec)
+    "nvfp4": (fpsim.format("nvfp4"), spec("nvfp4")),
+    "no tensor scale": (BlockFormat("e2m1", "e4m3", 16, "nearest", name="e2m1x16_e4m3"),
+                        dict(element="e2m1", scale="e4m3", block=(16,), rule="nearest", tensor=None, floor=0)),
+    "amax floor, blocks of 32": (
+        BlockFormat("e2m1", "e4m3", 32, "nearest", tensor_scale="fp32", amax_floor=0.5, name="nvfp4x32_floor"),
+        dict(element="e2m1", scale="e4m3", block=(32,), rule="nearest", tensor="fp32", floor=Fraction(1, 2))),
+}
+
+
+@pytest.mark.parametrize("case", NVFP4_LIKE)
+@settings(FAST, max_examples=40)
+@given(data=st.data())
+def test_compiled_nvfp4_path_matches_the_oracle(case, data):
+    # round-to-nearest-even NVFP4 takes a kernel of its own: exact comparisons with E2M1's midpoints
+    fmt, oracle_spec = NVFP4_LIKE[case]
+    x = data.draw(fst.block_arrays(fmt, allow_nan=False, allow_infinity=False), label="x")
+    assert _native_blocks.covers(fmt, True, np.float32, "nearest_even") == _native_blocks.available()
+    want, scales, elements, t = oracle(x, **oracle_spec)
+    assert_same(fpsim.quantize(x, fmt), want)
+    enc = fpsim.encode(x, fmt)
+    assert_codes(enc, fmt, scales, elements, t)
+    assert_same(fpsim.decode(enc), want)
 
 
 @pytest.mark.parametrize("name", MX_FLOAT)
