@@ -1,5 +1,5 @@
-/* Compiled fast path of MX block quantisation (fpsim/block_codec.py): float32 blocks into an
- * E8M0-scaled float element format, in one pass over the input.
+/* Compiled fast paths of block quantisation (fpsim/block_codec.py): float32 blocks into an
+ * E8M0-scaled float element format (MX), in one pass over the input; NVFP4 further below.
  *
  * For each block of `block` consecutive float32 elements, while the block is in cache:
  *
@@ -296,7 +296,7 @@ static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
  * by the caller from the tensor's amax), in round-to-nearest-even:
  *
  *   scale     s = max(amax, amax_floor) / (6 t) rounded to E4M3, saturating at 448: the float64 quotient
- *             (6 t has at most 26 significant bits, amax 24) rounded to E4M3's grid by rint, which is the
+ *             (6 t has at most 26 significant bits, amax 24) rounded to E4M3's grid to nearest even, which is the
  *             correct rounding of the exact quotient: that is either one of E4M3's decision points (then
  *             exact in float64) or further from one than float64's rounding moves it (fpsim/quotient.py);
  *   elements  x / (s t) rounded to E2M1 with saturation, without a quotient: E2M1's magnitudes are
@@ -437,6 +437,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastblocks",
-                                    "Compiled fast path of MX block quantisation.", -1, methods};
+                                    "Compiled fast paths of MX and NVFP4 block quantisation.", -1, methods};
 
 PyMODINIT_FUNC PyInit__fastblocks(void) { return PyModule_Create(&module); }
