@@ -85,6 +85,16 @@ static ALWAYS_INLINE int log2_parts(uint32_t a, uint32_t *sig) {
     return p - 149;
 }
 
+/* Step 1: a block's largest magnitude, on the bits (NaN above Inf above the finite values). */
+static ALWAYS_INLINE uint32_t amax_bits(const uint32_t *restrict xb, Py_ssize_t block) {
+    uint32_t amax = 0;
+    for (Py_ssize_t i = 0; i < block; i++) {
+        const uint32_t a = xb[i] & 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
 /* Step 2: the block scale's exponent for the amax's bits, or E8M0_HI + 1 for a NaN scale. */
 static ALWAYS_INLINE int scale_exponent(const mx_t *k, uint32_t amax) {
     if (amax >= 0x7f800000u) return E8M0_HI + 1; /* NaN or Inf in the block */
@@ -194,11 +204,7 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
                                      int output) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint32_t *xb = x + b * block;
-        uint32_t amax = 0;
-        for (Py_ssize_t i = 0; i < block; i++) {
-            const uint32_t a = xb[i] & 0x7fffffffu;
-            amax = a > amax ? a : amax;
-        }
+        const uint32_t amax = amax_bits(xb, block);
         const int s = scale_exponent(k, amax);
         const int nan = s > E8M0_HI;
         scales[b] = nan ? E8M0_NAN : (uint8_t)(s + 127);
@@ -256,6 +262,18 @@ DEFINE_RUNS(ODD)
 static const run_fn runs[STOCHASTIC][OUT_COUNT] = {ROW(NEAREST_EVEN) ROW(NEAREST_AWAY) ROW(TOWARD_ZERO) ROW(UP)
                                                        ROW(DOWN) ROW(ODD)};
 
+/* The end of an entry point: its three buffers released, then None, or a ValueError saying `problem`. */
+static PyObject *finish(Py_buffer *src, Py_buffer *dst, Py_buffer *scales, const char *problem) {
+    PyBuffer_Release(src);
+    PyBuffer_Release(dst);
+    PyBuffer_Release(scales);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"src", "dst", "scales", "block", "mode", "output", "rule", "man_bits", "emin", "bias",
                             "emax", "top_exp", "max_significand", "sign_shift", "element_max", "nan_code", NULL};
@@ -281,14 +299,7 @@ static PyObject *quantize_mx(PyObject *self, PyObject *args, PyObject *kwargs) {
         runs[mode][output](&k, src.buf, dst.buf, scales.buf, n / block, block);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&scales);
-    if (problem) {
-        PyErr_SetString(PyExc_ValueError, problem);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return finish(&src, &dst, &scales, problem);
 }
 
 /* ------------------------------------------------ NVFP4: E2M1 elements, E4M3 block scales, an FP32 tensor scale */
@@ -354,11 +365,7 @@ static ALWAYS_INLINE void run_nvfp4(const uint32_t *restrict x, void *restrict d
     const double divisor = 6.0 * tensor_scale; /* exact */
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint32_t *xb = x + b * block;
-        uint32_t amax = 0;
-        for (Py_ssize_t i = 0; i < block; i++) {
-            const uint32_t a = xb[i] & 0x7fffffffu;
-            amax = a > amax ? a : amax;
-        }
+        const uint32_t amax = amax_bits(xb, block);
         const float floored = bits_float(amax) > amax_floor ? bits_float(amax) : amax_floor;
         double s;
         scales[b] = (uint8_t)e4m3_nearest((double)floored / divisor, &s);
@@ -417,14 +424,7 @@ static PyObject *quantize_nvfp4(PyObject *self, PyObject *args, PyObject *kwargs
         else run_nvfp4_codes(src.buf, dst.buf, scales.buf, n / block, block, tensor_scale, amax_floor);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&scales);
-    if (problem) {
-        PyErr_SetString(PyExc_ValueError, problem);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return finish(&src, &dst, &scales, problem);
 }
 
 static PyMethodDef methods[] = {
