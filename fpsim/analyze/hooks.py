@@ -483,11 +483,11 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
-        if self.shadow is not None:          # before the step: the parameters are still those of the forward
-            self.shadow.before_step(self._inverse_scale)
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)   # args: (optimizer, ...)
         if closure is None:                  # the step's own arithmetic is not the model's: no interception
-            self._tracer.intercept(False)
+            self._tracer.intercept(False)    # (nor the shadow replay's, which would pay for it op by op)
+        if self.shadow is not None:          # before the step: the parameters are still those of the forward
+            self.shadow.before_step(self._inverse_scale)
         try:
             with self._tracer.busy():
                 groups = self._params_of(optimizer)
