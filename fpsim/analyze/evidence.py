@@ -6,7 +6,9 @@ MAX_TOLERATED_ERROR] (an error below 1% never matters next to SGD's noise; a
 layer that loses more than half of its gradient always does), or
 FALLBACK_THRESHOLD when no floor could be measured (batches of one sample).
 The errors and floors are means over the shadowed steps (shadow.py), so that
-verdicts do not drift with run length. For a format with one global loss scale:
+verdicts do not drift with run length; where a layer's steps before some step
+and from it on clearly differ (`change`), its evidence says so. For a format
+with one global loss scale:
 
 - `fp32` for an overflow source (its output turned non-finite from finite
   inputs in the replay), and for a layer that stands out at every candidate;
@@ -35,6 +37,10 @@ MARGIN = 1.0
 MIN_TOLERATED_ERROR = 0.01
 MAX_TOLERATED_ERROR = 0.5
 FALLBACK_THRESHOLD = 0.1
+CLEAR_CHANGE = 1.5
+"""A layer's numerics changed during the run when its shadowed steps before some step and those from it on
+(ShadowRecord.windows) differ so: one window's error above its threshold by this factor, the other's below it by
+this factor. A layer near its threshold, whose windows straddle it by noise, is not reported."""
 
 
 def threshold(floor) -> float:
@@ -46,6 +52,38 @@ def threshold(floor) -> float:
 
 def _passes(m: dict | None, limit: float) -> bool:
     return m is not None and m["nonfinite_steps"] == 0 and m["grad_rel_error"] <= limit
+
+
+def _over(m: dict, limit: float) -> float:
+    """A window's error over the layer's threshold (inf where a step was non-finite)."""
+    return math.inf if m["nonfinite_steps"] else m["grad_rel_error"] / limit
+
+
+def change(windows: list, floor) -> dict | None:
+    """How a layer's numerics changed during the run: of its windows (ShadowRecord.windows), the one whose
+    early and late steps differ most where one stands out by CLEAR_CHANGE over the layer's threshold and the
+    other is under it by that factor, as {"from_step", "stands_out": "early" or "late", "early", "late",
+    "threshold"}; None when no window changes clearly (a layer near its threshold straddles it by noise)."""
+    limit, best = threshold(floor), None
+    for w in windows:
+        early, late = _over(w["early"], limit), _over(w["late"], limit)
+        for high, low, which in ((late, early, "late"), (early, late, "early")):
+            if high > CLEAR_CHANGE and low < 1 / CLEAR_CHANGE:
+                key = high / max(low, 1e-12)
+                if best is None or key > best[0]:
+                    best = key, {"from_step": w["from_step"], "stands_out": which, "threshold": limit,
+                                 **{k: {"steps": w[k]["steps"], "grad_rel_error": w[k]["grad_rel_error"],
+                                        "nonfinite_steps": w[k]["nonfinite_steps"]} for k in ("early", "late")}}
+    return None if best is None else best[1]
+
+
+def change_reason(fmt: str, changed: dict) -> str:
+    """The summary's sentence for a layer whose numerics changed during the run."""
+    e, l, step = changed["early"], changed["late"], changed["from_step"]
+    when = f"from step {step} on" if changed["stands_out"] == "late" else f"before step {step}"
+    return (f"{fmt} numerics changed during the run: gradient error {_num(e['grad_rel_error'])} before step {step} "
+            f"({e['steps']} shadowed steps), {_num(l['grad_rel_error'])} from step {step} on ({l['steps']}), "
+            f"threshold {_num(changed['threshold'])}: it stands out {when}; the verdict is over all shadowed steps")
 
 
 def _num(x) -> str:
@@ -69,11 +107,12 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
     fmt = lim.name
     sources = shadow.get("overflow_sources", {}).get(fmt, {})
     steps = shadow.get("shadowed_steps", 0)
-    measured = {}
+    measured, changes = {}, {}
     for layer in layers:
         entry = shadow["layers"].get(layer.name)
         if entry is not None and fmt in entry["formats"]:
             measured[layer.name] = (entry["formats"][fmt], entry["noise_floor"])
+            changes[layer.name] = change(entry.get("windows", {}).get(fmt, []), entry["noise_floor"])
     tied_to = {}
     for layer in layers:
         owner = next((t for t in layer.tied_with if t in measured), None)
@@ -116,6 +155,8 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
               "share_nonfinite": at1["share_nonfinite"] if at1 else None,
               "stands_out": not _passes(at1, limit), "overflow_source_steps": sources.get(name, 0),
               "by_scale_log2": {str(s): m for s, m in sorted(by_scale.items())}}
+        if changes.get(name) is not None:
+            ev["numerics_changed"] = changes[name]
         shares = ""
         if name in tied_to:
             ev["tied_to"] = tied_to[name]

@@ -45,8 +45,10 @@ Per layer (the parameters a module holds itself), format and scale: the
 gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
 ||g|| lost where g_lp is zero and g is not, and the share of non-finite
 values; per layer the noise floor. `ShadowRecord` sums them over shadowed
-steps (bounded memory); replay.py holds the replay contexts, gradient_error.py
-the comparison with the reference, evidence.py turns the sums into verdicts.
+steps (bounded memory), and the errors at scale 1 also by epoch (memory
+logarithmic in the run) so that a change of the numerics during the run shows;
+replay.py holds the replay contexts, gradient_error.py the comparison with the
+reference, evidence.py turns the sums into verdicts.
 """
 
 from __future__ import annotations
@@ -104,9 +106,34 @@ class Sums:
                 "share_nonfinite": self.nonfinite_share / self.steps if self.steps else 0.0}
 
 
+@dataclasses.dataclass
+class Epochs:
+    """A layer's scale-1 sums of one format by epoch, in memory that grows with the logarithm of the run:
+    the format's turn t (1, 2, 3, ...) falls in epoch t.bit_length() - 1, epochs of 1, 2, 4, 8, ... turns."""
+
+    sums: dict = dataclasses.field(default_factory=dict)     # epoch -> Sums
+
+    def add(self, epoch: int, measured: dict) -> None:
+        self.sums.setdefault(epoch, Sums()).add(measured)
+
+    def split(self, boundary: int) -> tuple:
+        """(early, late): the sums of the epochs before `boundary` and of those from it on."""
+        early, late = Sums(), Sums()
+        for epoch, sums in self.sums.items():
+            target = late if epoch >= boundary else early
+            for f in dataclasses.fields(Sums):
+                setattr(target, f.name, getattr(target, f.name) + getattr(sums, f.name))
+        return early, late
+
+
+MIN_WINDOW_TURNS = 3
+"""Turns each window needs before the record compares a layer's early and late shadowed steps."""
+
+
 class ShadowRecord:
     """Sums of the measurements of every shadowed step: per layer its noise floor, per (layer, format, scale)
-    the errors, per format the overflow sources."""
+    the errors, per format the overflow sources; and the errors at scale 1 by epoch (`Epochs`), so that a
+    change of the numerics during the run shows."""
 
     def __init__(self):
         self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
@@ -115,19 +142,49 @@ class ShadowRecord:
         self.sums: dict = {}                  # (layer, fmt, scale_log2) -> Sums
         self.sources: dict = {}               # fmt -> {layer: steps it overflowed}
         self.unsplit_steps = 0                # steps whose batch could not be halved
+        self.turns: dict = {}                 # fmt -> its turns so far
+        self.epoch_steps: dict = {}           # fmt -> {epoch: the step of its first turn}
+        self.epochs: dict = {}                # (layer, fmt) -> Epochs of its scale-1 Sums
+
+    def turn(self, fmt: str, step: int) -> int:
+        """Count a turn of `fmt` at `step`; its epoch (Epochs)."""
+        t = self.turns[fmt] = self.turns.get(fmt, 0) + 1
+        epoch = t.bit_length() - 1
+        self.epoch_steps.setdefault(fmt, {}).setdefault(epoch, step)
+        return epoch
+
+    def add(self, layer: str, fmt: str, scale: int, measured: dict, epoch: int) -> None:
+        self.sums.setdefault((layer, fmt, scale), Sums()).add(measured)
+        if scale == 0:
+            self.epochs.setdefault((layer, fmt), Epochs()).add(epoch, measured)
 
     def mean_floor(self, layer: str):
         """The layer's noise floor, mean over the steps that measured it (None: none did)."""
         total, n = self.floor.get(layer, (0.0, 0))
         return total / n if n else None
 
+    def windows(self, layer: str, fmt: str) -> list:
+        """[{"from_step", "early", "late"}, ...]: the means at scale 1 of the shadowed steps before and from the
+        first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS turns on each side."""
+        epochs = self.epochs.get((layer, fmt))
+        if epochs is None:
+            return []
+        out = []
+        for boundary, step in sorted(self.epoch_steps[fmt].items()):
+            early, late = epochs.split(boundary)
+            if min(early.steps, late.steps) >= MIN_WINDOW_TURNS:
+                out.append({"from_step": step, "early": early.means(), "late": late.means()})
+        return out
+
     def to_dict(self) -> dict:
-        """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}}},
-        "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
+        """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}, "windows": {fmt:
+        windows}}}, "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
         layers: dict = {}
         for (layer, fmt, scale), sums in self.sums.items():
-            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}})
+            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}, "windows": {}})
             entry["formats"].setdefault(fmt, {})[scale] = sums.means()
+            if scale == 0:
+                entry["windows"][fmt] = self.windows(layer, fmt)
         for layer in layers:
             layers[layer]["noise_floor"] = self.mean_floor(layer)
         return {"shadowed_steps": self.count, "steps": list(self.steps), "layers": layers,
@@ -440,11 +497,12 @@ class ShadowSteps:
             layer = self._layer_names.get(id(module), q or type(self.core).__name__)
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
+        epoch = self.record.turn(lim.name, capture.step)
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
             for name, _ in self._groups:
                 if name in by_layer:
-                    self.record.sums.setdefault((name, lim.name, scale), Sums()).add(by_layer[name])
+                    self.record.add(name, lim.name, scale, by_layer[name], epoch)
 
     def _escalate(self, lim, at1: dict) -> bool:
         """Whether to replay the other candidate scales (at1: each layer's measurements at scale 1): from the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .evidence import change_reason
 from .store import GRADIENT_KINDS
 
 
@@ -172,6 +173,10 @@ def shadow_lines(report) -> list:
     for fmt, names in cleared.items():
         lines.append(f"  {fmt}: {len(names)} ops the value counts judged fp32 or loss_scale, such as {names[0]}, "
                      f"are ok: not borne out by the replay (no overflow, no layer standing out)")
+    for layer in report.layers:
+        for fmt, ev in report.shadow_evidence.get(layer.name, {}).items():
+            if ev.get("numerics_changed"):
+                lines.append(f"  {layer.name} {change_reason(fmt, ev['numerics_changed'])}")
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]

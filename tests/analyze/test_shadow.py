@@ -267,6 +267,41 @@ def test_verdicts_stable_across_run_length_and_dropout():
     assert short == long == dropout
 
 
+def test_a_change_of_numerics_during_the_run_is_reported(tmp_path):
+    """The auxiliary loss fades from weight 1 to 1e-6 at step 50. The premise, from torch's own FP16: a real
+    CPU autocast FP16 backward of the faded loss gives the auxiliary head an all-zero weight gradient, of the
+    full loss a nonzero one. The report must say that the head's FP16 numerics changed, standing out from a
+    step after 50 on, and nothing of the other layers, whose numerics did not change; report.json keeps it."""
+    model, _, batches = task("aux_head")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def loss_of(out, y, weight):
+        return nn.functional.mse_loss(out[0], y) + weight * nn.functional.mse_loss(out[1], y.flip(1))
+
+    with watch(model, formats=("fp16",), shadow_every=2) as w:
+        for step, (x, y) in enumerate(batches(100)):
+            loss = loss_of(model(x), y, 1.0 if step < 50 else 1e-6)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for weight, vanishes in ((1.0, False), (1e-6, True)):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        loss_of(tuple(o.float() for o in out), y, weight).backward()
+        assert bool((model.aux.weight.grad == 0).all()) == vanishes
+    report = w.report()
+    changed = report.shadow_evidence["aux"]["fp16"]["numerics_changed"]
+    assert changed["stands_out"] == "late" and changed["from_step"] >= 50
+    assert changed["late"]["grad_rel_error"] > 0.99 and changed["early"]["grad_rel_error"] < 0.5
+    assert all("numerics_changed" not in report.shadow_evidence[n]["fp16"] for n in ("trunk", "head"))
+    assert "aux fp16 numerics changed during the run" in report.summary_table()
+    report.save(tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    entry = next(e for e in data["layers"] if e["name"] == "aux")
+    assert entry["evidence"]["fp16"]["numerics_changed"]["from_step"] == changed["from_step"]
+
+
 def test_a_batch_of_one_uses_the_stated_fallback_threshold():
     report = observe("aux_head", steps=4, every=2, batch=1)
     ev = report.shadow_evidence["aux"]["fp16"]
