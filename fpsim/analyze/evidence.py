@@ -28,6 +28,7 @@ counts said fp32 but the scaled replay shows no effect.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..trace import OUTSIDE
@@ -189,6 +190,9 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             tried = ", ".join(f"2^{s}: {_num(m['grad_rel_error'])}" for s, m in sorted(by_scale.items()))
             verdicts[name] = Verdict("fp32", f"{quote}; no candidate scale brings it under its threshold ({tried})",
                                      None)
+        if changes.get(name) is not None:
+            v = verdicts[name]
+            verdicts[name] = dataclasses.replace(v, reason=f"{v.reason}; {change_reason(fmt, changes[name])}")
         ev["counted_verdict"] = counted[name].verdict
         evidence[name] = ev
     for name, n in sources.items():      # an overflow source whose own gradient was not measured

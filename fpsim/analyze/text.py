@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from .evidence import change_reason
 from .store import GRADIENT_KINDS
 
 
@@ -173,16 +172,13 @@ def shadow_lines(report) -> list:
     for fmt, names in cleared.items():
         lines.append(f"  {fmt}: {len(names)} ops the value counts judged fp32 or loss_scale, such as {names[0]}, "
                      f"are ok: not borne out by the replay (no overflow, no layer standing out)")
-    for layer in report.layers:
-        for fmt, ev in report.shadow_evidence.get(layer.name, {}).items():
-            if ev.get("numerics_changed"):
-                lines.append(f"  {layer.name} {change_reason(fmt, ev['numerics_changed'])}")
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]
-            if not layer.is_op and v.verdict != "ok" and layer.name in report.shadow_evidence \
-                    and not (lim.per_tensor_scaled and v.verdict == "loss_scale"):   # per-tensor scales: the norm
-                lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")
+            ev = report.shadow_evidence.get(layer.name, {})
+            needs_help = v.verdict != "ok" and not (lim.per_tensor_scaled and v.verdict == "loss_scale")
+            if not layer.is_op and lim.name in ev and (needs_help or "numerics_changed" in ev[lim.name]):
+                lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")   # per-tensor scales: the norm
     return lines[:24]
 
 
