@@ -411,7 +411,8 @@ def main() -> None:
     env = Env(args)
     versions = ", ".join(f"{peer} {version(peer)}"
                          for peer in ("numpy", "ml_dtypes", "torch", "gfloat", "pychop", "torchao"))
-    print(f"fpsim {fpsim.__version__} (compiled kernel: {_native.available()}), {versions}\n")
+    kernel = f"compiled kernel: {_native.isa()} loops" if _native.available() else "no compiled kernel"
+    print(f"fpsim {fpsim.__version__} ({kernel}), {versions}\n")
     summaries = []
     for name in args.sections.split(","):
         summaries += SECTIONS[name](env)

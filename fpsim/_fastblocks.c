@@ -414,7 +414,7 @@ static PyObject *quantize_nvfp4(PyObject *self, PyObject *args, PyObject *kwargs
         return NULL;
     const Py_ssize_t n = src.len / 4;
     const char *problem = NULL;
-    if (!(tensor_scale > 0) || !(tensor_scale < 3.5e38) || !(amax_floor >= 0) || !(amax_floor < 3.5e38f))
+    if (!(tensor_scale > 0) || !(tensor_scale < 3.5e38) || !(amax_floor >= 0) || !isfinite(amax_floor))
         problem = "quantize_nvfp4: the tensor scale must be a positive float32, amax_floor finite and >= 0";
     else if (block < 1 || src.len % 4 || n % block || dst.len != n * (values ? 8 : 1) || scales.len != n / block)
         problem = "quantize_nvfp4: src must be whole blocks of float32, dst one output and scales one byte per block";

@@ -613,7 +613,7 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
    quotient, correctly rounded, rounded to odd at float32's precision like float64 input. x / s is
    either a decision point of the format (then exact) or further from one than float64's rounding
    moves it (fpsim/quotient.py), so that the second rounding is the correct one. */
-MULTIVERSION static void scale_by_power_of_two(const uint32_t *restrict x, float r, Py_ssize_t n,
+MULTIVERSION_512 static void scale_by_power_of_two(const uint32_t *restrict x, float r, Py_ssize_t n,
                                                uint32_t *restrict out) {
     for (Py_ssize_t i = 0; i < n; i++) {
         float xf, q;
@@ -811,7 +811,7 @@ static PyObject *round_blocks(PyObject *self, PyObject *args) {
 
 /* The largest magnitude of each block of `block` consecutive elements of a float32 (or float64) buffer,
    as its magnitude's bits: integers order NaN above Inf above the finite values, as a block's amax needs. */
-MULTIVERSION static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+MULTIVERSION_512 static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
                                  uint32_t *restrict out) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         uint32_t top = 0;
@@ -823,7 +823,7 @@ MULTIVERSION static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, 
     }
 }
 
-MULTIVERSION static void amax_64(const uint64_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
+MULTIVERSION_512 static void amax_64(const uint64_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
                                  uint64_t *restrict out) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         uint64_t top = 0;
@@ -872,7 +872,21 @@ static PyObject *philox_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The clone of the MULTIVERSION_512 loops that the loader picks on this CPU, as its resolver decides. */
+static PyObject *isa(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+    __builtin_cpu_init();
+#if __GNUC__ >= 12 && !defined(FPSIM_NO_AVX512)
+    if (__builtin_cpu_supports("x86-64-v4")) return PyUnicode_FromString("x86-64-v4");
+#endif
+    if (__builtin_cpu_supports("avx2")) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("default");
+}
+
 static PyMethodDef methods[] = {
+    {"isa", isa, METH_NOARGS, "isa(): the instruction set of the rounding loops this CPU runs (x86-64-v4, avx2, default)"},
     {"round_array", round_array, METH_VARARGS,
      "round_array(src, dst, params): round the buffer src into dst with the packed parameters params"},
     {"philox_words", philox_words, METH_VARARGS,

@@ -254,16 +254,16 @@ static void FN(ties_of)(const kernel_t *k, const word_t *src, const uint32_t *u0
 
 /* One function per (mode, values or codes), from the mode list: the compiler specialises each. */
 #define DEFINE_PASSES(MODE)                                                                              \
-    MULTIVERSION static Py_ssize_t FN(band_values_##MODE)(PASS_ARGS) {                                    \
+    MULTIVERSION_512 static Py_ssize_t FN(band_values_##MODE)(PASS_ARGS) {                                    \
         return FN(band_pass)(MODE, 0, k, src, u0, u1, out, below, n, n_below, ties);                      \
     }                                                                                                    \
-    MULTIVERSION static Py_ssize_t FN(band_codes_##MODE)(PASS_ARGS) {                                     \
+    MULTIVERSION_512 static Py_ssize_t FN(band_codes_##MODE)(PASS_ARGS) {                                     \
         return FN(band_pass)(MODE, 1, k, src, u0, u1, out, below, n, n_below, ties);                      \
     }                                                                                                    \
-    MULTIVERSION static Py_ssize_t FN(below_values_##MODE)(PASS_ARGS) {                                   \
+    MULTIVERSION_512 static Py_ssize_t FN(below_values_##MODE)(PASS_ARGS) {                                   \
         return FN(below_pass)(MODE, 0, k, src, u0, u1, out, below, n, n_below, ties);                     \
     }                                                                                                    \
-    MULTIVERSION static Py_ssize_t FN(below_codes_##MODE)(PASS_ARGS) {                                    \
+    MULTIVERSION_512 static Py_ssize_t FN(below_codes_##MODE)(PASS_ARGS) {                                    \
         return FN(below_pass)(MODE, 1, k, src, u0, u1, out, below, n, n_below, ties);                     \
     }
 FOR_EACH_MODE(DEFINE_PASSES)

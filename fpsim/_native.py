@@ -45,6 +45,12 @@ def available() -> bool:
     return _fastround is not None
 
 
+def isa() -> str | None:
+    """The instruction set of the compiled rounding loops on this CPU ("x86-64-v4", "avx2", "default"), or
+    None without the kernel."""
+    return _fastround.isa() if _fastround is not None else None
+
+
 NO_KERNEL_WARNING = (
     "fpsim's compiled rounding kernel is not built (fpsim was installed without a C compiler), so "
     "quantize() and encode() run on the numpy engine: the same bits, but hundreds of times slower "

@@ -82,6 +82,22 @@ def _kernel_formats():
 KERNEL_PRESETS, KERNEL_CUSTOMS = _kernel_formats()
 
 
+def test_isa_names_loops_this_cpu_can_run():
+    """_native.isa() against the CPU's own flags (/proc/cpuinfo): the AVX-512 loops (x86-64-v4) only where
+    AVX-512 F, BW, CD, DQ and VL all are, the AVX2 loops only with AVX2."""
+    isa = _native.isa()
+    assert isa in ("x86-64-v4", "avx2", "default")
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags to check against")
+    if isa == "x86-64-v4":
+        assert {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags
+    if isa in ("x86-64-v4", "avx2"):
+        assert "avx2" in flags
+
+
 def test_kernel_covers_the_expected_presets():
     names = {f.name for f in KERNEL_PRESETS}
     assert {"fp16", "bf16", "tf32", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2", "e2m3", "e2m1", "e8m0"} <= names
