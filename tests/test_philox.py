@@ -93,7 +93,8 @@ def test_torch_stream_equals_numpy_stream(key):
 @pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("first,count", [(0, 4), (0, 100), (8, 37), (4 * (2**32 - 3), 64), (2**62, 260)])
 def test_kernel_stream_equals_the_reference(key, first, count):
-    """Both the AVX2 loop (32 words at a time) and its scalar tail, across the block index's word boundary."""
+    """The AVX-512 loop (64 words at a time), the AVX2 loop (32 words) and the scalar tail, each where the CPU
+    has it, across the block index's word boundary."""
     out = np.zeros((count + 3) // 4 * 4, dtype=np.uint32)
     _native._fastround.philox_words(key, first, 1, out)
     assert [int(w) for w in out] == [reference_word(key, first + i, 1) for i in range(len(out))]
