@@ -150,6 +150,19 @@ static void stream_words_plain(uint64_t key, uint64_t first, Py_ssize_t n, uint3
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
+/* The ten Philox rounds on two interleaved sets of blocks (a, b), one block's word k in each 64-bit lane of
+   ak / bk (the multiplies read the low halves), in vectors of V bits: the AVX2 and AVX-512 loops below. */
+#define PHILOX_ROUNDS(V)                                                                                   \
+    for (int round = 0; round < 10; round++) {                                                             \
+        const __m##V##i pa0 = _mm##V##_mul_epu32(a0, m0), pa1 = _mm##V##_mul_epu32(a2, m1);                \
+        const __m##V##i pb0 = _mm##V##_mul_epu32(b0, m0), pb1 = _mm##V##_mul_epu32(b2, m1);                \
+        a0 = _mm##V##_xor_si##V(_mm##V##_xor_si##V(_mm##V##_srli_epi64(pa1, 32), a1), k0[round]);          \
+        a2 = _mm##V##_xor_si##V(_mm##V##_xor_si##V(_mm##V##_srli_epi64(pa0, 32), a3), k1[round]);          \
+        b0 = _mm##V##_xor_si##V(_mm##V##_xor_si##V(_mm##V##_srli_epi64(pb1, 32), b1), k0[round]);          \
+        b2 = _mm##V##_xor_si##V(_mm##V##_xor_si##V(_mm##V##_srli_epi64(pb0, 32), b3), k1[round]);          \
+        a1 = pa1, a3 = pa0, b1 = pb1, b3 = pb0;                                                            \
+    }
+
 /* The same with AVX2, which compilers do not find by themselves: each 64-bit lane holds one block's
    32-bit word (the multiply reads the low halves), two sets of four blocks interleaved. */
 __attribute__((target("avx2"))) static void stream_words_avx2(uint64_t key, uint64_t first, Py_ssize_t n,
@@ -169,15 +182,7 @@ __attribute__((target("avx2"))) static void stream_words_avx2(uint64_t key, uint
     for (; j + 8 <= blocks; j += 8) {
         __m256i a0 = block_a, a1 = _mm256_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm256_setzero_si256();
         __m256i b0 = block_b, b1 = _mm256_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm256_setzero_si256();
-        for (int round = 0; round < 10; round++) {
-            const __m256i pa0 = _mm256_mul_epu32(a0, m0), pa1 = _mm256_mul_epu32(a2, m1);
-            const __m256i pb0 = _mm256_mul_epu32(b0, m0), pb1 = _mm256_mul_epu32(b2, m1);
-            a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa1, 32), a1), k0[round]);
-            a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa0, 32), a3), k1[round]);
-            b0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb1, 32), b1), k0[round]);
-            b2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb0, 32), b3), k1[round]);
-            a1 = pa1, a3 = pa0, b1 = pb1, b3 = pb0;
-        }
+        PHILOX_ROUNDS(256)
         /* words 0, 1 and 2, 3 of each block side by side, then blocks in order */
 #define STORE_BLOCKS(x0, x1, x2, x3, dst)                                                                 \
     do {                                                                                                 \
@@ -218,15 +223,7 @@ __attribute__((target("avx512f"))) static void stream_words_avx512(uint64_t key,
     for (; j + 16 <= blocks; j += 16) {
         __m512i a0 = block_a, a1 = _mm512_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm512_setzero_si512();
         __m512i b0 = block_b, b1 = _mm512_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm512_setzero_si512();
-        for (int round = 0; round < 10; round++) {
-            const __m512i pa0 = _mm512_mul_epu32(a0, m0), pa1 = _mm512_mul_epu32(a2, m1);
-            const __m512i pb0 = _mm512_mul_epu32(b0, m0), pb1 = _mm512_mul_epu32(b2, m1);
-            a0 = _mm512_xor_si512(_mm512_xor_si512(_mm512_srli_epi64(pa1, 32), a1), k0[round]);
-            a2 = _mm512_xor_si512(_mm512_xor_si512(_mm512_srli_epi64(pa0, 32), a3), k1[round]);
-            b0 = _mm512_xor_si512(_mm512_xor_si512(_mm512_srli_epi64(pb1, 32), b1), k0[round]);
-            b2 = _mm512_xor_si512(_mm512_xor_si512(_mm512_srli_epi64(pb0, 32), b3), k1[round]);
-            a1 = pa1, a3 = pa0, b1 = pb1, b3 = pb0;
-        }
+        PHILOX_ROUNDS(512)
 #define STORE_BLOCKS(x0, x1, x2, x3, dst)                                                                 \
     do {                                                                                                 \
         const __m512i w01 = _mm512_mask_blend_epi32(0xAAAA, x0, _mm512_slli_epi64(x1, 32));                 \
