@@ -175,10 +175,12 @@ def shadow_lines(report) -> list:
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]
-            ev = report.shadow_evidence.get(layer.name, {})
+            if layer.is_op or layer.name not in report.shadow_evidence:
+                continue
+            # (with per-tensor scales, loss_scale is the norm: no help needed)
             needs_help = v.verdict != "ok" and not (lim.per_tensor_scaled and v.verdict == "loss_scale")
-            if not layer.is_op and lim.name in ev and (needs_help or "numerics_changed" in ev[lim.name]):
-                lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")   # per-tensor scales: the norm
+            if needs_help or "numerics_changed" in report.shadow_evidence[layer.name].get(lim.name, {}):
+                lines.append(f"  {layer.name} {lim.name} {v.verdict}: {v.reason}")
     return lines[:24]
 
 
