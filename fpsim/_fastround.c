@@ -242,8 +242,12 @@ __attribute__((target("avx512f"))) static void stream_words_avx512(uint64_t key,
 }
 
 static void stream_words(uint64_t key, uint64_t first, Py_ssize_t n, uint32_t depth, uint32_t *restrict out) {
-    static int isa = -1; /* 2: AVX-512 F, 1: AVX2, 0: neither */
+    static int isa = -1; /* 2: AVX-512 F (unless built with FPSIM_NO_AVX512), 1: AVX2, 0: neither */
+#if defined(FPSIM_NO_AVX512)
+    if (isa < 0) isa = __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
     if (isa < 0) isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+#endif
     if (isa == 2) stream_words_avx512(key, first, n, depth, out);
     else if (isa == 1) stream_words_avx2(key, first, n, depth, out);
     else stream_words_plain(key, first, n, depth, out);
@@ -660,7 +664,7 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
    either a decision point of the format (then exact) or further from one than float64's rounding
    moves it (fpsim/quotient.py), so that the second rounding is the correct one. */
 MULTIVERSION_512 static void scale_by_power_of_two(const uint32_t *restrict x, float r, Py_ssize_t n,
-                                               uint32_t *restrict out) {
+                                                   uint32_t *restrict out) {
     for (Py_ssize_t i = 0; i < n; i++) {
         float xf, q;
         memcpy(&xf, &x[i], sizeof xf);
@@ -858,7 +862,7 @@ static PyObject *round_blocks(PyObject *self, PyObject *args) {
 /* The largest magnitude of each block of `block` consecutive elements of a float32 (or float64) buffer,
    as its magnitude's bits: integers order NaN above Inf above the finite values, as a block's amax needs. */
 MULTIVERSION_512 static void amax_32(const uint32_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
-                                 uint32_t *restrict out) {
+                                     uint32_t *restrict out) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         uint32_t top = 0;
         for (Py_ssize_t i = 0; i < block; i++) {
@@ -870,7 +874,7 @@ MULTIVERSION_512 static void amax_32(const uint32_t *restrict x, Py_ssize_t bloc
 }
 
 MULTIVERSION_512 static void amax_64(const uint64_t *restrict x, Py_ssize_t blocks, Py_ssize_t block,
-                                 uint64_t *restrict out) {
+                                     uint64_t *restrict out) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         uint64_t top = 0;
         for (Py_ssize_t i = 0; i < block; i++) {
