@@ -242,10 +242,15 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
     }
 }
 
-/* One function per (mode, output), blocks of 32 (MX) spelt out so that the loops have a fixed count. */
+/* One function per (mode, output), blocks of 32 (MX) spelt out so that the loops have a fixed count. The value
+   outputs get an AVX-512 clone too (about 10% faster on an AVX-512 CPU), the codes not (10% slower with it). */
 typedef void (*run_fn)(const mx_t *, const uint32_t *, void *, uint8_t *, Py_ssize_t, Py_ssize_t);
+#define CLONES_OUT_CODES8 MULTIVERSION
+#define CLONES_OUT_CODES16 MULTIVERSION
+#define CLONES_OUT_F32 MULTIVERSION_512
+#define CLONES_OUT_F64 MULTIVERSION_512
 #define DEFINE_RUN(MODE, OUTPUT)                                                                            \
-    MULTIVERSION static void run_##MODE##_##OUTPUT(const mx_t *k, const uint32_t *x, void *dst, uint8_t *scales, \
+    CLONES_##OUTPUT static void run_##MODE##_##OUTPUT(const mx_t *k, const uint32_t *x, void *dst, uint8_t *scales, \
                                                    Py_ssize_t blocks, Py_ssize_t block) {                 \
         if (block == 32) run_blocks(k, x, dst, scales, blocks, 32, MODE, OUTPUT);                          \
         else run_blocks(k, x, dst, scales, blocks, block, MODE, OUTPUT);                                   \
