@@ -11,8 +11,9 @@
 #define MULTIVERSION __attribute__((target_clones("avx2", "default"))) /* the loader picks one */
 #if __GNUC__ >= 12
 /* With an AVX-512 clone (x86-64-v4) too, for the rounding engine's loops, whose 32- and 64-bit integer lanes
-   double in width: encode up to 1.9x faster on an AVX-512 CPU (docs/speed.md, AVX-512 loops). The MX and
-   NVFP4 loops keep MULTIVERSION: there the clone made codes slower. GCC 12 is the first known to compile it;
+   double in width: encode up to 1.9x faster on an AVX-512 CPU (docs/speed.md, AVX-512 loops); also for the
+   MX loops with float values. The MX and NVFP4 code loops keep MULTIVERSION: with the clone they were
+   slower. GCC 12 is the first known to compile it;
    CFLAGS=-DFPSIM_NO_AVX512 at build time leaves it out (and the Philox stream's AVX-512 loop). */
 #if !defined(FPSIM_NO_AVX512)
 #define MULTIVERSION_512 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
