@@ -7,8 +7,9 @@ layer that loses more than half of its gradient always does), or
 FALLBACK_THRESHOLD when no floor could be measured (batches of one sample).
 The errors and floors are means over the shadowed steps (shadow.py), so that
 verdicts do not drift with run length; where a layer's steps before some step
-and from it on clearly differ (`change`), its evidence says so. For a format
-with one global loss scale:
+and from it on clearly differ (`change`), its numerics changed: it is judged by
+the steps since, and its evidence says so. For a format with one global loss
+scale:
 
 - `fp32` for an overflow source (its output turned non-finite from finite
   inputs in the replay), and for a layer that stands out at every candidate;
@@ -60,11 +61,12 @@ def _over(m: dict, limit: float) -> float:
     return math.inf if m["nonfinite_steps"] else m["grad_rel_error"] / limit
 
 
-def change(windows: list, floor) -> dict | None:
+def change(windows: list, floor):
     """How a layer's numerics changed during the run: of its windows (ShadowRecord.windows), the one whose
     early and late steps differ most where one stands out by CLEAR_CHANGE over the layer's threshold and the
-    other is under it by that factor, as {"from_step", "stands_out": "early" or "late", "early", "late",
-    "threshold"}; None when no window changes clearly (a layer near its threshold straddles it by noise)."""
+    other is under it by that factor. (evidence, the later steps' means by scale): evidence {"from_step",
+    "stands_out": "early" or "late", "early", "late", "threshold"}; None when no window changes clearly (a
+    layer near its threshold straddles it by noise)."""
     limit, best = threshold(floor), None
     for w in windows:
         early, late = _over(w["early"], limit), _over(w["late"], limit)
@@ -74,8 +76,9 @@ def change(windows: list, floor) -> dict | None:
                 if best is None or key > best[0]:
                     best = key, {"from_step": w["from_step"], "stands_out": which, "threshold": limit,
                                  **{k: {"steps": w[k]["steps"], "grad_rel_error": w[k]["grad_rel_error"],
-                                        "nonfinite_steps": w[k]["nonfinite_steps"]} for k in ("early", "late")}}
-    return None if best is None else best[1]
+                                        "nonfinite_steps": w[k]["nonfinite_steps"]} for k in ("early", "late")}}, \
+                        w["late_by_scale"]
+    return None if best is None else best[1:]
 
 
 def change_reason(fmt: str, changed: dict) -> str:
@@ -84,7 +87,7 @@ def change_reason(fmt: str, changed: dict) -> str:
     when = f"from step {step} on" if changed["stands_out"] == "late" else f"before step {step}"
     return (f"{fmt} numerics changed during the run: gradient error {_num(e['grad_rel_error'])} before step {step} "
             f"({e['steps']} shadowed steps), {_num(l['grad_rel_error'])} from step {step} on ({l['steps']}), "
-            f"threshold {_num(changed['threshold'])}: it stands out {when}; the verdict is over all shadowed steps")
+            f"threshold {_num(changed['threshold'])}: it stands out {when}; the verdict is from the steps since")
 
 
 def _num(x) -> str:
@@ -112,8 +115,11 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
     for layer in layers:
         entry = shadow["layers"].get(layer.name)
         if entry is not None and fmt in entry["formats"]:
-            measured[layer.name] = (entry["formats"][fmt], entry["noise_floor"])
-            changes[layer.name] = change(entry.get("windows", {}).get(fmt, []), entry["noise_floor"])
+            by_scale, floor = entry["formats"][fmt], entry["noise_floor"]
+            found = change(entry.get("windows", {}).get(fmt, []), floor)
+            if found is not None:            # judged by what its numerics are now: the steps since the change
+                changes[layer.name], by_scale = found
+            measured[layer.name] = (by_scale, floor)
     tied_to = {}
     for layer in layers:
         owner = next((t for t in layer.tied_with if t in measured), None)

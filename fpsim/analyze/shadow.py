@@ -108,7 +108,7 @@ class Sums:
 
 @dataclasses.dataclass
 class Epochs:
-    """A layer's scale-1 sums of one format by epoch, in memory that grows with the logarithm of the run:
+    """A layer's sums of one format and scale by epoch, in memory that grows with the logarithm of the run:
     the format's turn t (1, 2, 3, ...) falls in epoch t.bit_length() - 1, epochs of 1, 2, 4, 8, ... turns."""
 
     sums: dict = dataclasses.field(default_factory=dict)     # epoch -> Sums
@@ -132,8 +132,8 @@ MIN_WINDOW_TURNS = 3
 
 class ShadowRecord:
     """Sums of the measurements of every shadowed step: per layer its noise floor, per (layer, format, scale)
-    the errors, per format the overflow sources; and the errors at scale 1 by epoch (`Epochs`), so that a
-    change of the numerics during the run shows."""
+    the errors, per format the overflow sources; and the errors by epoch (`Epochs`), so that a change of the
+    numerics during the run shows, and the steps since can be judged on their own."""
 
     def __init__(self):
         self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
@@ -144,7 +144,7 @@ class ShadowRecord:
         self.unsplit_steps = 0                # steps whose batch could not be halved
         self.turns: dict = {}                 # fmt -> its turns so far
         self.epoch_steps: dict = {}           # fmt -> {epoch: the step of its first turn}
-        self.epochs: dict = {}                # (layer, fmt) -> Epochs of its scale-1 Sums
+        self.epochs: dict = {}                # (layer, fmt) -> {scale_log2: Epochs of its Sums}
 
     def turn(self, fmt: str, step: int) -> int:
         """Count a turn of `fmt` at `step`; its epoch (Epochs)."""
@@ -155,8 +155,7 @@ class ShadowRecord:
 
     def add(self, layer: str, fmt: str, scale: int, measured: dict, epoch: int) -> None:
         self.sums.setdefault((layer, fmt, scale), Sums()).add(measured)
-        if scale == 0:
-            self.epochs.setdefault((layer, fmt), Epochs()).add(epoch, measured)
+        self.epochs.setdefault((layer, fmt), {}).setdefault(scale, Epochs()).add(epoch, measured)
 
     def mean_floor(self, layer: str):
         """The layer's noise floor, mean over the steps that measured it (None: none did)."""
@@ -164,16 +163,19 @@ class ShadowRecord:
         return total / n if n else None
 
     def windows(self, layer: str, fmt: str) -> list:
-        """[{"from_step", "early", "late"}, ...]: the means at scale 1 of the shadowed steps before and from the
-        first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS turns on each side."""
-        epochs = self.epochs.get((layer, fmt))
-        if epochs is None:
+        """[{"from_step", "early", "late", "late_by_scale"}, ...]: the means at scale 1 of the shadowed steps
+        before and from the first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS
+        turns on each side, and the later steps' means at every scale ({scale_log2: means})."""
+        scales = self.epochs.get((layer, fmt), {})
+        if 0 not in scales:
             return []
         out = []
         for boundary, step in sorted(self.epoch_steps[fmt].items()):
-            early, late = epochs.split(boundary)
+            early, late = scales[0].split(boundary)
             if min(early.steps, late.steps) >= MIN_WINDOW_TURNS:
-                out.append({"from_step": step, "early": early.means(), "late": late.means()})
+                by_scale = {scale: e.split(boundary)[1] for scale, e in scales.items()}
+                out.append({"from_step": step, "early": early.means(), "late": late.means(),
+                            "late_by_scale": {scale: sums.means() for scale, sums in by_scale.items() if sums.steps}})
         return out
 
     def to_dict(self) -> dict:

@@ -268,10 +268,12 @@ def test_verdicts_stable_across_run_length_and_dropout():
 
 
 def test_a_change_of_numerics_during_the_run_is_reported(tmp_path):
-    """The auxiliary loss fades from weight 1 to 1e-6 at step 50. The premise, from torch's own FP16: a real
-    CPU autocast FP16 backward of the faded loss gives the auxiliary head an all-zero weight gradient, of the
-    full loss a nonzero one. The report must say that the head's FP16 numerics changed, standing out from a
-    step after 50 on, and nothing of the other layers, whose numerics did not change; report.json keeps it."""
+    """The auxiliary loss fades from weight 1 to 1e-6 at step 120 of 200. The premise, from torch's own FP16: a
+    real CPU autocast FP16 backward of the faded loss gives the auxiliary head an all-zero weight gradient (of
+    the full loss a nonzero one), and with the loss scaled by the recommended 2^8 a nonzero one again. The
+    report must say that the head's FP16 numerics changed, standing out from a step after 120 on, judge it by
+    the steps since (`loss_scale`, where the mean over all steps, most of them before the fade, is under its
+    threshold), say nothing of the other layers, whose numerics did not change; report.json keeps it."""
     model, _, batches = task("aux_head")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 
@@ -279,25 +281,29 @@ def test_a_change_of_numerics_during_the_run_is_reported(tmp_path):
         return nn.functional.mse_loss(out[0], y) + weight * nn.functional.mse_loss(out[1], y.flip(1))
 
     with watch(model, formats=("fp16",), shadow_every=2) as w:
-        for step, (x, y) in enumerate(batches(100)):
-            loss = loss_of(model(x), y, 1.0 if step < 50 else 1e-6)
+        for step, (x, y) in enumerate(batches(200)):
+            loss = loss_of(model(x), y, 1.0 if step < 120 else 1e-6)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    for weight, vanishes in ((1.0, False), (1e-6, True)):
+    report = w.report()
+    ev = report.shadow_evidence["aux"]["fp16"]
+    changed = ev["numerics_changed"]
+    assert changed["stands_out"] == "late" and changed["from_step"] >= 120
+    assert changed["late"]["grad_rel_error"] > 0.99 and changed["early"]["grad_rel_error"] < 0.5
+    assert report.shadow["layers"]["aux"]["formats"]["fp16"][0]["grad_rel_error"] < ev["threshold"]  # all steps
+    assert report.verdicts["aux"]["fp16"].verdict == "loss_scale"
+    scale = report.loss_scale["fp16"].recommended_log2
+    assert scale == 8
+    for weight, factor, vanishes in ((1.0, 1.0, False), (1e-6, 1.0, True), (1e-6, 2.0 ** scale, False)):
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             out = model(x)
-        loss_of(tuple(o.float() for o in out), y, weight).backward()
+        (factor * loss_of(tuple(o.float() for o in out), y, weight)).backward()
         assert bool((model.aux.weight.grad == 0).all()) == vanishes
-    report = w.report()
-    changed = report.shadow_evidence["aux"]["fp16"]["numerics_changed"]
-    assert changed["stands_out"] == "late" and changed["from_step"] >= 50
-    assert changed["late"]["grad_rel_error"] > 0.99 and changed["early"]["grad_rel_error"] < 0.5
     assert all("numerics_changed" not in report.shadow_evidence[n]["fp16"] for n in ("trunk", "head"))
     lines = [line for line in report.summary_table().splitlines() if "numerics changed during the run" in line]
-    assert len(lines) == 1 and lines[0].startswith("  aux fp16 ")
-    assert "numerics changed" in report.verdicts["aux"]["fp16"].reason
+    assert len(lines) == 1 and lines[0].startswith("  aux fp16 loss_scale")
     report.save(tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     entry = next(e for e in data["layers"] if e["name"] == "aux")
