@@ -8,8 +8,8 @@ FALLBACK_THRESHOLD when no floor could be measured (batches of one sample).
 The errors and floors are means over the shadowed steps (shadow.py), so that
 verdicts do not drift with run length; where a layer's steps before some step
 and from it on clearly differ (`change`), its numerics changed: it is judged by
-the steps since, and its evidence says so. For a format with one global loss
-scale:
+the side where it stands out (a verdict that serves the whole run), and its
+evidence says so. For a format with one global loss scale:
 
 - `fp32` for an overflow source (its output turned non-finite from finite
   inputs in the replay), and for a layer that stands out at every candidate;
@@ -64,9 +64,9 @@ def _over(m: dict, limit: float) -> float:
 def change(windows: list, floor):
     """How a layer's numerics changed during the run: of its windows (ShadowRecord.windows), the one whose
     early and late steps differ most where one stands out by CLEAR_CHANGE over the layer's threshold and the
-    other is under it by that factor. (evidence, the later steps' means by scale): evidence {"from_step",
-    "stands_out": "early" or "late", "early", "late", "threshold"}; None when no window changes clearly (a
-    layer near its threshold straddles it by noise)."""
+    other is under it by that factor. (evidence, the standing-out side's means by scale): evidence
+    {"from_step", "stands_out": "early" or "late", "early", "late", "threshold"}; None when no window changes
+    clearly (a layer near its threshold straddles it by noise)."""
     limit, best = threshold(floor), None
     for w in windows:
         early, late = _over(w["early"], limit), _over(w["late"], limit)
@@ -77,7 +77,7 @@ def change(windows: list, floor):
                     best = key, {"from_step": w["from_step"], "stands_out": which, "threshold": limit,
                                  **{k: {"steps": w[k]["steps"], "grad_rel_error": w[k]["grad_rel_error"],
                                         "nonfinite_steps": w[k]["nonfinite_steps"]} for k in ("early", "late")}}, \
-                        w["late_by_scale"]
+                        w["by_scale"][which]
     return None if best is None else best[1:]
 
 
@@ -87,7 +87,7 @@ def change_reason(fmt: str, changed: dict) -> str:
     when = f"from step {step} on" if changed["stands_out"] == "late" else f"before step {step}"
     return (f"{fmt} numerics changed during the run: gradient error {_num(e['grad_rel_error'])} before step {step} "
             f"({e['steps']} shadowed steps), {_num(l['grad_rel_error'])} from step {step} on ({l['steps']}), "
-            f"threshold {_num(changed['threshold'])}: it stands out {when}; the verdict is from the steps since")
+            f"threshold {_num(changed['threshold'])}: it stands out {when}, and the verdict is from those steps")
 
 
 def _num(x) -> str:
@@ -117,7 +117,7 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
         if entry is not None and fmt in entry["formats"]:
             by_scale, floor = entry["formats"][fmt], entry["noise_floor"]
             found = change(entry.get("windows", {}).get(fmt, []), floor)
-            if found is not None:            # judged by what its numerics are now: the steps since the change
+            if found is not None:            # judged where it stands out: a verdict that serves the whole run
                 changes[layer.name], by_scale = found
             measured[layer.name] = (by_scale, floor)
     tied_to = {}

@@ -133,7 +133,7 @@ MIN_WINDOW_TURNS = 3
 class ShadowRecord:
     """Sums of the measurements of every shadowed step: per layer its noise floor, per (layer, format, scale)
     the errors, per format the overflow sources; and the errors by epoch (`Epochs`), so that a change of the
-    numerics during the run shows, and the steps since can be judged on their own."""
+    numerics during the run shows, and each side of it can be judged on its own."""
 
     def __init__(self):
         self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
@@ -163,9 +163,9 @@ class ShadowRecord:
         return total / n if n else None
 
     def windows(self, layer: str, fmt: str) -> list:
-        """[{"from_step", "early", "late", "late_by_scale"}, ...]: the means at scale 1 of the shadowed steps
-        before and from the first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS
-        turns on each side, and the later steps' means at every scale ({scale_log2: means})."""
+        """[{"from_step", "early", "late", "by_scale"}, ...]: the means at scale 1 of the shadowed steps before
+        and from the first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS turns on
+        each side, and both sides' means at every scale ({"early"/"late": {scale_log2: means}})."""
         scales = self.epochs.get((layer, fmt), {})
         if 0 not in scales:
             return []
@@ -173,9 +173,11 @@ class ShadowRecord:
         for boundary, step in sorted(self.epoch_steps[fmt].items()):
             early, late = scales[0].split(boundary)
             if min(early.steps, late.steps) >= MIN_WINDOW_TURNS:
-                by_scale = {scale: e.split(boundary)[1] for scale, e in scales.items()}
+                sides = {scale: e.split(boundary) for scale, e in scales.items()}
                 out.append({"from_step": step, "early": early.means(), "late": late.means(),
-                            "late_by_scale": {scale: sums.means() for scale, sums in by_scale.items() if sums.steps}})
+                            "by_scale": {side: {scale: parts[i].means() for scale, parts in sides.items()
+                                                if parts[i].steps}
+                                         for i, side in enumerate(("early", "late"))}})
         return out
 
     def to_dict(self) -> dict:

@@ -272,7 +272,7 @@ def test_a_change_of_numerics_during_the_run_is_reported(tmp_path):
     real CPU autocast FP16 backward of the faded loss gives the auxiliary head an all-zero weight gradient (of
     the full loss a nonzero one), and with the loss scaled by the recommended 2^8 a nonzero one again. The
     report must say that the head's FP16 numerics changed, standing out from a step after 120 on, judge it by
-    the steps since (`loss_scale`, where the mean over all steps, most of them before the fade, is under its
+    those steps (`loss_scale`, where the mean over all steps, most of them before the fade, is under its
     threshold), say nothing of the other layers, whose numerics did not change; report.json keeps it."""
     model, _, batches = task("aux_head")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -308,6 +308,28 @@ def test_a_change_of_numerics_during_the_run_is_reported(tmp_path):
     data = json.loads((tmp_path / "report.json").read_text())
     entry = next(e for e in data["layers"] if e["name"] == "aux")
     assert entry["evidence"]["fp16"]["numerics_changed"]["from_step"] == changed["from_step"]
+
+
+def test_a_layer_that_stands_out_only_early_is_judged_by_those_steps():
+    """The other way round: the auxiliary loss weighs 1e-6 for the first 80 of 200 steps, then 1. Its head
+    stands out before the change (real FP16 gives it no gradient then: the test above), and a static scale
+    must serve the whole run, its start included: `loss_scale` at 2^8, although most steps are fine unscaled."""
+    model, _, batches = task("aux_head")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with watch(model, formats=("fp16",), shadow_every=2) as w:
+        for step, (x, y) in enumerate(batches(200)):
+            main, aux = model(x)
+            weight = 1e-6 if step < 80 else 1.0
+            loss = nn.functional.mse_loss(main, y) + weight * nn.functional.mse_loss(aux, y.flip(1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    ev = report.shadow_evidence["aux"]["fp16"]
+    assert ev["numerics_changed"]["stands_out"] == "early" and ev["numerics_changed"]["from_step"] <= 100
+    assert report.shadow["layers"]["aux"]["formats"]["fp16"][0]["grad_rel_error"] < ev["threshold"]  # all steps
+    assert report.verdicts["aux"]["fp16"].verdict == "loss_scale"
+    assert report.loss_scale["fp16"].recommended_log2 == 8
 
 
 def test_a_batch_of_one_uses_the_stated_fallback_threshold():
