@@ -45,8 +45,8 @@ Per layer (the parameters a module holds itself), format and scale: the
 gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
 ||g|| lost where g_lp is zero and g is not, and the share of non-finite
 values; per layer the noise floor. `ShadowRecord` sums them over shadowed
-steps (bounded memory), and the errors at scale 1 also by epoch (memory
-logarithmic in the run) so that a change of the numerics during the run shows;
+steps (bounded memory), and also by epoch (memory logarithmic in the run) so
+that a change of the numerics during the run shows;
 replay.py holds the replay contexts, gradient_error.py the comparison with the
 reference, evidence.py turns the sums into verdicts.
 """
