@@ -150,9 +150,22 @@ static void stream_words_plain(uint64_t key, uint64_t first, Py_ssize_t n, uint3
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
-/* The ten Philox rounds on two interleaved sets of blocks (a, b), one block's word k in each 64-bit lane of
-   ak / bk (the multiplies read the low halves), in vectors of V bits: the AVX2 and AVX-512 loops below. */
+/* The AVX2 and AVX-512 loops below, in vectors of V bits. PHILOX_KEYS: the round keys k0[r], k1[r] in every
+   lane (SET1 broadcasts a 64-bit value). PHILOX_ROUNDS: the ten rounds on two interleaved sets of blocks (a, b)
+   whose counters are block_a, block_b, one block's word k in each 64-bit lane of ak / bk (the multiplies read
+   the low halves). */
+#define PHILOX_KEYS(V, SET1)                                                                               \
+    __m##V##i k0[10], k1[10];                                                                              \
+    {                                                                                                      \
+        uint32_t key0 = (uint32_t)key, key1 = (uint32_t)(key >> 32);                                       \
+        for (int round = 0; round < 10; round++, key0 += PHILOX_W0, key1 += PHILOX_W1) {                   \
+            k0[round] = SET1(key0);                                                                        \
+            k1[round] = SET1(key1);                                                                        \
+        }                                                                                                  \
+    }
 #define PHILOX_ROUNDS(V)                                                                                   \
+    __m##V##i a0 = block_a, a1 = _mm##V##_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm##V##_setzero_si##V(); \
+    __m##V##i b0 = block_b, b1 = _mm##V##_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm##V##_setzero_si##V(); \
     for (int round = 0; round < 10; round++) {                                                             \
         const __m##V##i pa0 = _mm##V##_mul_epu32(a0, m0), pa1 = _mm##V##_mul_epu32(a2, m1);                \
         const __m##V##i pb0 = _mm##V##_mul_epu32(b0, m0), pb1 = _mm##V##_mul_epu32(b2, m1);                \
@@ -170,18 +183,11 @@ __attribute__((target("avx2"))) static void stream_words_avx2(uint64_t key, uint
     const Py_ssize_t blocks = (n + 3) / 4;
     const __m256i m0 = _mm256_set1_epi64x(PHILOX_M0), m1 = _mm256_set1_epi64x(PHILOX_M1);
     const __m256i lane_depth = _mm256_set1_epi64x(depth), eight = _mm256_set1_epi64x(8);
-    __m256i k0[10], k1[10];
-    uint32_t key0 = (uint32_t)key, key1 = (uint32_t)(key >> 32);
-    for (int round = 0; round < 10; round++, key0 += PHILOX_W0, key1 += PHILOX_W1) {
-        k0[round] = _mm256_set1_epi64x(key0);
-        k1[round] = _mm256_set1_epi64x(key1);
-    }
+    PHILOX_KEYS(256, _mm256_set1_epi64x)
     __m256i block_a = _mm256_add_epi64(_mm256_set1_epi64x((long long)(first >> 2)), _mm256_setr_epi64x(0, 1, 2, 3));
     __m256i block_b = _mm256_add_epi64(block_a, _mm256_set1_epi64x(4));
     Py_ssize_t j = 0;
     for (; j + 8 <= blocks; j += 8) {
-        __m256i a0 = block_a, a1 = _mm256_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm256_setzero_si256();
-        __m256i b0 = block_b, b1 = _mm256_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm256_setzero_si256();
         PHILOX_ROUNDS(256)
         /* words 0, 1 and 2, 3 of each block side by side, then blocks in order */
 #define STORE_BLOCKS(x0, x1, x2, x3, dst)                                                                 \
@@ -210,19 +216,12 @@ __attribute__((target("avx512f"))) static void stream_words_avx512(uint64_t key,
     /* 128-bit pieces (blocks) of `even` (blocks 0, 2, 4, 6) and `odd` (1, 3, 5, 7) back in block order */
     const __m512i low_order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i high_order = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    __m512i k0[10], k1[10];
-    uint32_t key0 = (uint32_t)key, key1 = (uint32_t)(key >> 32);
-    for (int round = 0; round < 10; round++, key0 += PHILOX_W0, key1 += PHILOX_W1) {
-        k0[round] = _mm512_set1_epi64(key0);
-        k1[round] = _mm512_set1_epi64(key1);
-    }
+    PHILOX_KEYS(512, _mm512_set1_epi64)
     __m512i block_a = _mm512_add_epi64(_mm512_set1_epi64((long long)(first >> 2)),
                                        _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
     __m512i block_b = _mm512_add_epi64(block_a, _mm512_set1_epi64(8));
     Py_ssize_t j = 0;
     for (; j + 16 <= blocks; j += 16) {
-        __m512i a0 = block_a, a1 = _mm512_srli_epi64(block_a, 32), a2 = lane_depth, a3 = _mm512_setzero_si512();
-        __m512i b0 = block_b, b1 = _mm512_srli_epi64(block_b, 32), b2 = lane_depth, b3 = _mm512_setzero_si512();
         PHILOX_ROUNDS(512)
 #define STORE_BLOCKS(x0, x1, x2, x3, dst)                                                                 \
     do {                                                                                                 \
