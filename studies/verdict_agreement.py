@@ -396,6 +396,10 @@ several cores.)
         if scale16:
             options[key]["fp16_recommended"] = (torch.float16, keep16, scale16)
     metrics = {}
+
+    def seeds_run(key, config):
+        return [s for s in range(len(seeds) * ROUNDS) if (key, config, s) in metrics]
+
     todo = {(key, config): list(seeds) for key in keys for config in options[key]}
     for round_ in range(ROUNDS):
         calls = {(key, config, seed): (key, fast, seed, *options[key][config])
@@ -406,7 +410,7 @@ several cores.)
         for key in keys:
             material = _material(metrics, key, seeds, sides[key][3])
             for config in options[key]:
-                ran = [s for s in range(len(seeds) * ROUNDS) if (key, config, s) in metrics]
+                ran = seeds_run(key, config)
                 if config != "fp32" and not decided([metrics[key, config, s] for s in ran],
                                                     [metrics[key, "fp32", s] for s in ran], material):
                     todo[key, config] = todo[key, "fp32"] = next_seeds
@@ -415,8 +419,7 @@ several cores.)
     for key in keys:
         name, steps, metric = about[key]["name"], about[key]["steps"], about[key]["metric"]
         (keep16, scale16), (keep_bf, scale_bf), said, untrained = sides[key]
-        ran = {config: [s for s in range(len(seeds) * ROUNDS) if (key, config, s) in metrics]
-               for config in options[key]}
+        ran = {config: seeds_run(key, config) for config in options[key]}
         runs = {config: [metrics[key, config, s] for s in ran[config]] for config in options[key]}
         against = {config: [metrics[key, "fp32", s] for s in ran[config]] for config in options[key]}
         for alias, original in (("fp16_kept", "fp16"), ("fp16_recommended", "fp16_kept")):
