@@ -162,8 +162,6 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
               "share_nonfinite": at1["share_nonfinite"] if at1 else None,
               "stands_out": not _passes(at1, limit), "overflow_source_steps": sources.get(name, 0),
               "by_scale_log2": {str(s): m for s, m in sorted(by_scale.items())}}
-        if changes.get(name) is not None:
-            ev["numerics_changed"] = changes[name]
         shares = ""
         if name in tied_to:
             ev["tied_to"] = tied_to[name]
@@ -196,7 +194,8 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             tried = ", ".join(f"2^{s}: {_num(m['grad_rel_error'])}" for s, m in sorted(by_scale.items()))
             verdicts[name] = Verdict("fp32", f"{quote}; no candidate scale brings it under its threshold ({tried})",
                                      None)
-        if changes.get(name) is not None:
+        if name in changes:
+            ev["numerics_changed"] = changes[name]
             v = verdicts[name]
             verdicts[name] = dataclasses.replace(v, reason=f"{v.reason}; {change_reason(fmt, changes[name])}")
         ev["counted_verdict"] = counted[name].verdict
