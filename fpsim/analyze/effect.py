@@ -81,25 +81,32 @@ class Mass:
         return float(self.l2.sum())
 
 
-def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows) -> dict:
+def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows, rounding: bool = True) -> dict:
     """EFFECT_KEYS -> float64 array over `scales` (log2 scales applied before the cast), for format `lim`.
 
-    overflows: per scale, whether anything overflows there (decided exactly from the amax, see
-    TensorStats.overflows). All NaN without mass or without nonzero mass.
+    lim: one FormatLimits, or one per scale (several formats in one call: a report asks for every format
+    of every tensor). overflows: per scale, whether anything overflows there (decided exactly from the
+    amax, see TensorStats.overflows). All NaN without mass or without nonzero mass. rounding=False leaves
+    `rounding_rel_error` out (the flush errors of the loss-scale windows need only the shares, at 513 scales).
     """
+    keys = EFFECT_KEYS if rounding else tuple(key for key in EFFECT_KEYS if key != "rounding_rel_error")
     scales = np.asarray(scales, dtype=np.int64).reshape(-1)
     if mass is None or not mass.total_l2 > 0:
-        return {key: np.full(scales.shape, np.nan) for key in EFFECT_KEYS}
-    z, emin, emax, man = lim.zero_exponent, lim.emin, lim.emax, lim.fmt.man_bits
+        return {key: np.full(scales.shape, np.nan) for key in keys}
+    limits = [lim] if not isinstance(lim, (list, tuple)) else list(lim)
+    if len(limits) not in (1, len(scales)):
+        raise ValueError(f"effects: {len(limits)} format limits for {len(scales)} scales")
+    columns = np.array([(x.zero_exponent, x.emin, x.emax, x.fmt.man_bits, x.tie_to_zero) for x in limits],
+                       dtype=np.int64).reshape(-1, 5)
+    z, emin, emax, man, tie_to_zero = np.broadcast_to(columns, (len(scales), 5)).T
     total = {"l1": mass.total_l1, "l2": mass.total_l2}
     out = {}
     # flushed: the binades e with e + s < z (fields 1 .. z - s - 1 + 127), the ties at 2^z, the tiny values
     first_kept_field = np.clip(z - scales + _FIELD_OF_BINADE, 1, 255)
     tie = z - scales                                      # binade of the values that land on 2^z
     tie_bin = tie - E_LO
-    inside = (tie_bin >= 0) & (tie_bin < len(hist.pow2))
-    ties = np.where(inside, hist.pow2[np.clip(tie_bin, 0, len(hist.pow2) - 1)], 0) if lim.tie_to_zero \
-        else np.zeros(scales.shape)
+    inside = (tie_bin >= 0) & (tie_bin < len(hist.pow2)) & (tie_to_zero != 0)
+    ties = np.where(inside, hist.pow2[np.clip(tie_bin, 0, len(hist.pow2) - 1)], 0)
     tiny_lost = TINY_LOG2_RANGE[0] + scales <= z
     beyond_field = np.clip(emax - scales + _FIELD_OF_BINADE, 0, 256)   # first field of the binade emax - s
     overflows = np.broadcast_to(np.asarray(overflows, dtype=bool), scales.shape)
@@ -111,14 +118,17 @@ def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows) -> d
         clipped = np.where(overflows, below[256] - below[beyond_field], 0.0)
         out[f"mass_lost_{norm}"] = np.minimum(lost / total[norm], 1.0)
         out[f"mass_clipped_{norm}"] = np.minimum(clipped / total[norm], 1.0)
+    if not rounding:
+        return {key: out[key] for key in keys}
     # rounding: per bin after scaling, inexact values x ulp^2 / 12, ulp back in unscaled units (only the bins
     # holding values: the others add nothing, and a report asks this at a hundred scales per tensor and format)
     used = np.flatnonzero(hist.counts)
     counts, pow2 = hist.counts[used], hist.pow2[used]
     binades = used[None, :] + E_LO + scales[:, None]
-    kept = (binades >= z) & (binades <= emax)
-    exact = np.where(binades > z, pow2, 0) + (np.where(binades == z, pow2, 0) if lim.tie_to_zero else 0)
-    ulp_log2 = np.maximum(binades, emin) - man - scales[:, None]
+    zc, emaxc = z[:, None], emax[:, None]
+    kept = (binades >= zc) & (binades <= emaxc)
+    exact = np.where(binades > zc, pow2, 0) + np.where((binades == zc) & (tie_to_zero[:, None] != 0), pow2, 0)
+    ulp_log2 = np.maximum(binades, emin[:, None]) - man[:, None] - scales[:, None]
     squared = np.where(kept, (counts - exact) * np.exp2(2.0 * ulp_log2), 0.0).sum(axis=1) / 12
     top_tiny = TINY_LOG2_RANGE[1] - 1 + scales                        # tiny values kept: their top binade's spacing
     tiny_kept = (TINY_LOG2_RANGE[0] + scales > z) & (top_tiny <= emax)
@@ -128,11 +138,21 @@ def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows) -> d
     return {key: out[key] for key in EFFECT_KEYS}
 
 
-def tensor_effects(stats, lim, scales) -> dict:
-    """EFFECT_KEYS -> list over `scales` (log2), for one TensorStats (None each where it has no mass)."""
-    scales = list(scales)
-    arrays = effects(stats.hist, stats.mass, lim, scales, [stats.overflows(lim, s) for s in scales])
-    return {key: [v if v == v else None for v in values.tolist()] for key, values in arrays.items()}   # NaN: None
+def tensor_effects(stats, scales_by_format: dict) -> dict:
+    """{format limits: {EFFECT_KEYS -> list over its scales (log2)}} for one TensorStats, every format in one
+    pass (None each where it has no mass)."""
+    lims, scales = [], []
+    for lim, its in scales_by_format.items():
+        lims += [lim] * len(its)
+        scales += list(its)
+    overflows = np.concatenate([stats.overflows_at(lim, its) for lim, its in scales_by_format.items()] or [[]])
+    arrays = effects(stats.hist, stats.mass, lims, scales, overflows)
+    lists = {key: [v if v == v else None for v in values.tolist()] for key, values in arrays.items()}  # NaN: None
+    out, start = {}, 0
+    for lim, its in scales_by_format.items():
+        out[lim] = {key: values[start:start + len(its)] for key, values in lists.items()}
+        start += len(its)
+    return out
 
 
 # ------------------------------------------------------- measured on real values

@@ -286,6 +286,11 @@ class Log2Histogram:
         return [0, *np.cumsum(self.counts).tolist()]
 
     @functools.cached_property
+    def _cumulative_array(self) -> np.ndarray:
+        """`_cumulative` as an int64 array, for lookups at many scales at once."""
+        return np.array(self._cumulative, dtype=np.int64)
+
+    @functools.cached_property
     def nonzero(self) -> int:
         """Finite nonzero values: the denominator of every fraction."""
         return self._cumulative[-1] + self.tiny + self.huge
@@ -342,6 +347,16 @@ class Log2Histogram:
         if TINY_LOG2_RANGE[0] + scale <= z:
             count += self.tiny
         return count
+
+    def underflows(self, limits, scales) -> np.ndarray:
+        """`underflow` at each of the log2 `scales` at once (int64 array): a report asks for a hundred. The same
+        rule on arrays (tests hold the two equal)."""
+        z, scales = limits.zero_exponent, np.asarray(scales, dtype=np.int64)
+        edge = z - scales - E_LO                  # the bin of 2^z after scaling: the bins below it flush
+        count = self._cumulative_array[np.clip(edge, 0, N_BINS)]
+        if limits.tie_to_zero:
+            count = count + np.where((edge >= 0) & (edge < N_BINS), self.pow2[np.clip(edge, 0, N_BINS - 1)], 0)
+        return count + np.where(TINY_LOG2_RANGE[0] + scales <= z, self.tiny, 0)
 
     def subnormal(self, limits, scale: int = 0) -> int:
         """Nonzero values that land below the format's min normal without flushing (2^z < |x|*2^scale < min_normal).

@@ -137,32 +137,34 @@ class Report:
             }
             if t.mass is not None:     # sum |x| and x^2 per float32 exponent field: the effect numbers' source
                 entry["mass_per_binade"] = t.mass.to_dict()
+            tensor_scales = {lim: t.tensor_scale(lim, self.settings.fp8_margin) for lim in self.limits}
+            scales = {}
+            for lim, s in tensor_scales.items():
+                scales[lim] = list(range(lo, hi + 1)) if by_scale and not lim.per_tensor_scaled else [0]
+                if lim.per_tensor_scaled and s is not None and s not in scales[lim]:
+                    scales[lim].append(s)
+            effects = tensor_effects(t, scales)
             for lim in self.limits:
+                s, its, effect = tensor_scales[lim], scales[lim], effects[lim]
                 fe = {"underflow": t.underflow_fraction(lim), "subnormal": t.subnormal_fraction(lim),
-                      "overflow": t.overflow_fraction(lim)}
-                s = t.tensor_scale(lim, self.settings.fp8_margin)
-                fe["tensor_scale_log2"] = s
-                fe["underflow_at_tensor_scale"] = None if s is None else t.underflow_fraction(lim, s)
+                      "overflow": t.overflow_fraction(lim), "tensor_scale_log2": s,
+                      "underflow_at_tensor_scale": None if s is None else t.underflow_fraction(lim, s)}
                 if kind in GRADIENT_KINDS:
                     w = t.window(lim, self.settings)
                     fe["window_log2"] = None if w is None else list(w)
                 if kind == "update":
                     fe["lost_updates"] = t.lost_update_fraction(lim)
                     fe["lost_update_count"] = (t.lost_updates or {}).get(lim.name)
-                scales = list(range(lo, hi + 1)) if by_scale and not lim.per_tensor_scaled else [0]
-                if lim.per_tensor_scaled and s is not None and s not in scales:
-                    scales.append(s)
-                effects = tensor_effects(t, lim, scales)
-                fe.update({key: values[scales.index(0)] for key, values in effects.items()})
+                fe.update({key: values[its.index(0)] for key, values in effect.items()})
                 if lim.per_tensor_scaled:
                     fe["effect_at_tensor_scale"] = None if s is None else \
-                        {key: values[scales.index(s)] for key, values in effects.items()}
-                if len(scales) > 1 and not lim.per_tensor_scaled:     # loss scales apply to loss-scaled formats
-                    effect_by_scale[lim.name] = {key: values[:hi - lo + 1] for key, values in effects.items()}
+                        {key: values[its.index(s)] for key, values in effect.items()}
+                if len(its) > 1 and not lim.per_tensor_scaled:     # loss scales apply to loss-scaled formats
+                    effect_by_scale[lim.name] = {key: values[:hi - lo + 1] for key, values in effect.items()}
                 entry["formats"][lim.name] = fe
             if kind in GRADIENT_KINDS:
                 entry["underflow_by_scale"] = {"log2_scales": [lo, hi], **{
-                    lim.name: [t.underflow_fraction(lim, s) for s in range(lo, hi + 1)] for lim in self.limits}}
+                    lim.name: t.underflow_fractions(lim, range(lo, hi + 1)).tolist() for lim in self.limits}}
             if by_scale:
                 entry["effect_by_scale"] = effect_by_scale
             tensors[kind] = entry

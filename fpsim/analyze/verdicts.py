@@ -32,6 +32,9 @@ VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""
 FLUSH_SCALES = 256
+OVERFLOW_SEARCH = 1024
+"""TensorStats.overflows_at searches the first overflowing log2 scale in -OVERFLOW_SEARCH..OVERFLOW_SEARCH (and
+asks `overflows` itself beyond)."""
 """TensorStats.flush_error is computed for the log2 scales -FLUSH_SCALES..FLUSH_SCALES at once (beyond them, as
 at their ends: nothing or everything flushes)."""
 
@@ -101,18 +104,48 @@ class TensorStats:
     def underflow_fraction(self, lim, scale: int = 0) -> float:
         return self.hist.underflow(lim, scale) / self.nonzero if self.nonzero else 0.0
 
+    def underflow_fractions(self, lim, scales) -> np.ndarray:
+        """`underflow_fraction` at each of the log2 `scales` at once."""
+        counts = self.hist.underflows(lim, scales)
+        return counts / self.nonzero if self.nonzero else np.zeros(counts.shape)
+
     def subnormal_fraction(self, lim, scale: int = 0) -> float:
         return self.hist.subnormal(lim, scale) / self.nonzero if self.nonzero else 0.0
 
     def overflows(self, lim, scale: int = 0) -> bool:
         """Whether any value overflows at scale 2^scale: exact from the amax when it is finite."""
         if math.isfinite(self.amax):
-            return self.amax > 0 and lim.overflows(math.ldexp(self.amax, scale))
+            try:
+                return self.amax > 0 and lim.overflows(math.ldexp(self.amax, scale))
+            except OverflowError:     # beyond float64: beyond every format
+                return True
         if (self.hist.pos_inf or self.hist.neg_inf) and self.inf_overflow_threshold is not None \
                 and scale >= 0 and lim.overflow_threshold <= self.inf_overflow_threshold:
             return True
         top = self.hist.top_exponent()  # Inf/NaN in the data: judge the finite values, conservatively
         return top is not None and top + scale >= lim.emax
+
+    def overflows_at(self, lim, scales) -> np.ndarray:
+        """`overflows` at each of the log2 `scales` at once. Overflow only grows with the scale (every branch
+        of `overflows` is monotone in it), so it is `scales >= s0` for the first overflowing scale s0, found
+        by bisection and kept."""
+        key = ("first overflow", lim)
+        if key not in self._windows:
+            lo, hi = -OVERFLOW_SEARCH, OVERFLOW_SEARCH      # lo does not overflow, hi does (or nothing ever does)
+            if self.overflows(lim, lo):
+                hi = lo
+            elif self.overflows(lim, hi):
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if self.overflows(lim, mid) else (mid, hi)
+            else:
+                hi = None
+            self._windows[key] = hi
+        first, scales = self._windows[key], np.asarray(scales, dtype=np.int64)
+        out = np.zeros(scales.shape, bool) if first is None else scales >= first
+        beyond = np.flatnonzero(np.abs(scales) > OVERFLOW_SEARCH)      # outside the search: asked one by one
+        out[beyond] = [self.overflows(lim, int(s)) for s in scales[beyond]]
+        return out
 
     def overflow_fraction(self, lim, scale: int = 0) -> float:
         """Fraction beyond the overflow threshold; an upper bound when the threshold's binade is partly used."""
@@ -124,25 +157,30 @@ class TensorStats:
     def flush_error(self, lim, scale: int = 0) -> float | None:
         """The relative L2 error that flushing to zero adds at scale 2^scale: the square root of the share of
         sum x^2 carried by the values that flush (effect.py). None without mass."""
-        if self.mass is None:
-            return None
-        key = ("flush", lim)
-        if key not in self._windows:   # every scale at once: windows ask for dozens
-            scales = np.arange(-FLUSH_SCALES, FLUSH_SCALES + 1)
-            lost = effects(self.hist, self.mass, lim, scales, np.zeros(scales.shape, bool))["mass_lost_l2"]
-            self._windows[key] = np.sqrt(lost)
-        errors = self._windows[key]
-        error = float(errors[int(np.clip(scale, -FLUSH_SCALES, FLUSH_SCALES)) + FLUSH_SCALES])
+        error = float(self.flush_errors(lim, [scale])[0])
         return None if math.isnan(error) else error
 
+    def flush_errors(self, lim, scales) -> np.ndarray:
+        """`flush_error` at each of the log2 `scales` at once (NaN where it is None)."""
+        if self.mass is None:
+            return np.full(len(scales), np.nan)
+        key = ("flush", lim)
+        if key not in self._windows:   # every scale at once: windows ask for dozens
+            every = np.arange(-FLUSH_SCALES, FLUSH_SCALES + 1)
+            lost = effects(self.hist, self.mass, lim, every, False, rounding=False)["mass_lost_l2"]
+            self._windows[key] = np.sqrt(lost)
+        return self._windows[key][np.clip(np.asarray(scales, dtype=np.int64), -FLUSH_SCALES, FLUSH_SCALES)
+                                  + FLUSH_SCALES]
+
     def underflow_matters(self, lim, scale: int, threshold: float) -> bool:
-        """More than `threshold` of the nonzero values flush to zero at scale 2^scale, and together they carry
-        enough of the tensor's norm to matter: flushing them adds more relative L2 error than one rounding in
-        the format, 2^-(man_bits + 1) (always, without mass)."""
-        if self.underflow_fraction(lim, scale) <= threshold:
-            return False
-        error = self.flush_error(lim, scale)
-        return error is None or error > unit_roundoff(lim)
+        return bool(self.underflows_matter(lim, [scale], threshold)[0])
+
+    def underflows_matter(self, lim, scales, threshold: float) -> np.ndarray:
+        """Per log2 scale: more than `threshold` of the nonzero values flush to zero at scale 2^scale, and
+        together they carry enough of the tensor's norm to matter: flushing them adds more relative L2 error
+        than one rounding in the format, 2^-(man_bits + 1) (always, without mass)."""
+        errors = self.flush_errors(lim, scales)
+        return (self.underflow_fractions(lim, scales) > threshold) & ~(errors <= unit_roundoff(lim))
 
     def fits(self, lim, scale: int, threshold: float) -> bool:
         return not self.underflow_matters(lim, scale, threshold) and not self.overflows(lim, scale)
@@ -155,8 +193,11 @@ class TensorStats:
             if not self.nonzero:
                 self._windows[key] = lo_range, hi_range
             else:
-                ok = [s for s in range(lo_range, hi_range + 1) if self.fits(lim, s, settings.underflow_threshold)]
-                self._windows[key] = (ok[0], ok[-1]) if ok else None
+                scales = np.arange(lo_range, hi_range + 1)
+                fit = ~self.underflows_matter(lim, scales, settings.underflow_threshold) \
+                    & ~self.overflows_at(lim, scales)
+                ok = scales[fit]
+                self._windows[key] = (int(ok[0]), int(ok[-1])) if ok.size else None
         return self._windows[key]
 
     def tensor_scale(self, lim, margin: int = 0) -> int | None:

@@ -4,9 +4,9 @@ at a time.
 matplotlib 3.11's Agg renderer lays out each string with libraqm and then renders it glyph by glyph
 from Python (a FreeType call, a transform and a blit per glyph), and it shapes the string twice: to
 measure it and to draw it. A report figure holds a few hundred labels, so that is most of its time.
-This renderer shapes each string once per figure (FT2Font.set_text, the call the measurement makes
-anyway), rasterises the whole string into one bitmap with FreeType (draw_glyphs_to_bitmap: the way
-matplotlib drew text up to 3.10) and blits it once; a string drawn again on the same figure reuses
+This renderer shapes each string once (FT2Font.set_text, the call the measurement makes anyway),
+rasterises the whole string into one bitmap with FreeType (draw_glyphs_to_bitmap: the way matplotlib
+drew text up to 3.10) and blits it once; a string drawn again, on this figure or a later one, reuses
 its bitmap. Same fonts, hinting, kerning and placement (to a pixel); mathtext, TeX and anything this
 path cannot do go to matplotlib's own path.
 """
@@ -16,6 +16,11 @@ from __future__ import annotations
 import math
 
 _CLASSES: list = []
+_STRINGS: dict = {}
+"""(text, font file, size, dpi, hinting) -> (width, height, descent, bitmap, x, y offsets): the strings shaped and
+rasterised so far, shared by every figure (a report's figures repeat the same layer names)."""
+MAX_STRINGS = 8192
+"""Strings kept at most (then the cache starts again): a few MB."""
 
 
 def canvas_class():
@@ -27,21 +32,19 @@ def canvas_class():
     class StringRenderer(RendererAgg):
         """RendererAgg drawing plain text a whole string at a time (see the module doc)."""
 
-        def __init__(self, width, height, dpi):
-            super().__init__(width, height, dpi)
-            self._strings: dict = {}   # (text, font, size, flags) -> (width, height, descent, bitmap, x, y offsets)
-
         def _string(self, s, prop):
             font = self._prepare_font(prop)
             flags = get_hinting_flag()
-            key = (s, font.fname, prop.get_size_in_points(), flags)
-            entry = self._strings.get(key)
+            key = (s, font.fname, prop.get_size_in_points(), self.dpi, flags)
+            entry = _STRINGS.get(key)
             if entry is None:
                 font.set_text(s, 0.0, flags=flags)
                 width, height = font.get_width_height()
                 font.draw_glyphs_to_bitmap(antialiased=True)
-                entry = self._strings[key] = (width / 64.0, height / 64.0, font.get_descent() / 64.0,
-                                              font.get_image(), *font.get_bitmap_offset())
+                if len(_STRINGS) >= MAX_STRINGS:
+                    _STRINGS.clear()
+                entry = _STRINGS[key] = (width / 64.0, height / 64.0, font.get_descent() / 64.0,
+                                         font.get_image(), *font.get_bitmap_offset())
             return entry
 
         def get_text_width_height_descent(self, s, prop, ismath):

@@ -112,6 +112,37 @@ def test_no_mass_gives_nan_and_shares_do_not_depend_on_unaffected_scales():
                                                          rel=0.05)
 
 
+def test_every_scale_and_format_at_once_equals_one_at_a_time():
+    """The report asks for a hundred scales of every format in one call; the verdicts ask one scale at a time
+    (checked against numpy and quantize above and in test_histogram). The two must agree exactly."""
+    values = spread_values(20_000, 5)
+    scales = list(range(-300, 301, 7)) + [-1100, 1100]
+    cases = [stats_of(values, kernel_available()),
+             stats_of(np.zeros(10, np.float32), kernel_available()),
+             stats_of(np.array([1.0, np.inf, -3.0], np.float32), kernel_available()),
+             stats_of(np.array([2.0**-140, np.nan, 5.0], np.float32), kernel_available())]
+    limits = [FormatLimits.of(f) for f in ("fp16", "bf16", "e4m3", "e5m2", "e2m1", "fp32")]
+    for stats in cases:
+        for lim in limits:
+            assert stats.overflows_at(lim, scales).tolist() == [stats.overflows(lim, s) for s in scales]
+            np.testing.assert_array_equal(stats.underflow_fractions(lim, scales),
+                                          [stats.underflow_fraction(lim, s) for s in scales])
+        assert not stats.overflows_at(limits[0], [-1100, 0]).tolist()[0]
+    stats, within = cases[0], scales[:-2]
+    one_by_one = {lim: effects(stats.hist, stats.mass, lim, within, stats.overflows_at(lim, within))
+                  for lim in limits}
+    together = effects(stats.hist, stats.mass, [lim for lim in limits for _ in within], within * len(limits),
+                       np.concatenate([stats.overflows_at(lim, within) for lim in limits]))
+    for key in EFFECT_KEYS:
+        np.testing.assert_array_equal(together[key], np.concatenate([one_by_one[lim][key] for lim in limits]))
+    shares = effects(stats.hist, stats.mass, limits[0], within, False, rounding=False)
+    assert set(shares) == set(EFFECT_KEYS) - {"rounding_rel_error"}
+    np.testing.assert_array_equal(shares["mass_lost_l2"], effects(stats.hist, stats.mass, limits[0], within,
+                                                                  False)["mass_lost_l2"])
+    with pytest.raises(ValueError, match="format limits for"):
+        effects(stats.hist, stats.mass, limits[:2], [0, 1, 2], False)
+
+
 def test_report_json_carries_the_effect_of_the_observed_tensors():
     torch.manual_seed(0)
     data = sensor_data(samples=1024, seed=0)

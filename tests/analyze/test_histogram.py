@@ -93,11 +93,14 @@ def test_underflow_and_overflow_counts_agree_with_quantize(fmt):
     lim = FormatLimits.of(fmt)
     values = engine_values(11)
     hist = observed(torch.from_numpy(values))
-    for scale in (-20, -3, 0, 5, 13, 24, 40):
+    scales = (-20, -3, 0, 5, 13, 24, 40)
+    at_once = hist.underflows(lim, scales)
+    for scale, counted in zip(scales, at_once.tolist()):
         scaled = values.astype(np.float64) * 2.0**scale
         rounded = np.asarray(fpsim.quantize(scaled, fmt), dtype=np.float64)
         flushed = int(((rounded == 0) & (scaled != 0)).sum())
         assert hist.underflow(lim, scale) == flushed, (scale, hist.underflow(lim, scale), flushed)
+        assert counted == flushed, (scale, counted, flushed)
         over = np.array([lim.overflows(v) for v in scaled])
         engine_over = ~np.isfinite(rounded) | (np.abs(rounded) > float(lim.fmt.max))
         np.testing.assert_array_equal(over, engine_over)
@@ -116,6 +119,7 @@ def test_tiny_values_count_as_underflow_unless_all_survive():
     assert hist.tiny == 2
     assert hist.underflow(lim, 0) == 2           # conservative: some of them would survive in bf16
     assert hist.underflow(lim, 20) == 0          # 2^-149 * 2^20 > 2^-134: all survive
+    assert hist.underflows(lim, [0, 20]).tolist() == [2, 0]
 
 
 # ------------------------------------------- the compiled kernel against the torch path and numpy
