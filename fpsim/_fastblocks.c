@@ -357,39 +357,53 @@ static ALWAYS_INLINE uint32_t e4m3_nearest(double q, double *value) {
 }
 
 /* The float32 threshold tau with a >= tau exactly where a > t (strict) or a >= t, for every float32 a >= 0:
-   the float32 just above t when t is one and the comparison is strict, else the smallest float32 >= t. */
+   the float32 just above t when t is one and the comparison is strict, else the smallest float32 >= t.
+   Without branches: whether float32's nearest lies above t is as good as random, so a branch on it would
+   mispredict about half the time, seven times a block. */
 static ALWAYS_INLINE float float32_threshold(double t, int strict) {
     const float f = (float)t; /* nearest */
-    const int above = (double)f > t || ((double)f == t && !strict);
-    return above ? f : bits_float(float_bits(f) + 1u); /* (t >= 0 and below float32's max here) */
+    const uint32_t above = ((double)f > t) | (((double)f == t) & !strict);
+    return bits_float(float_bits(f) + (above ^ 1u)); /* (t >= 0 and below float32's max here) */
 }
+
+#define NVFP4_GROUP 64 /* blocks whose scales are found before their elements: independent divisions overlap */
 
 static ALWAYS_INLINE void run_nvfp4(const uint32_t *restrict x, void *restrict dst, uint8_t *restrict scales,
                                     Py_ssize_t blocks, Py_ssize_t block, double tensor_scale, float amax_floor,
                                     int output) {
     const double divisor = 6.0 * tensor_scale; /* exact */
-    for (Py_ssize_t b = 0; b < blocks; b++) {
-        const uint32_t *xb = x + b * block;
-        const uint32_t amax = amax_bits(xb, block);
-        const float floored = bits_float(amax) > amax_floor ? bits_float(amax) : amax_floor;
-        double s;
-        scales[b] = (uint8_t)e4m3_nearest((double)floored / divisor, &s);
-        const double d = s * tensor_scale; /* exact: at most 28 significant bits */
-        float tau[E2M1_MIDPOINTS];         /* |x| >= tau[j]: |x| passes midpoint j (exactly, see above) */
-        for (int j = 0; j < E2M1_MIDPOINTS; j++)
-            tau[j] = d == 0 ? bits_float(0x7f800000u) : float32_threshold(e2m1_midpoints[j] * d, !e2m1_tie_up[j]);
-        const Py_ssize_t at = b * block;
-        for (Py_ssize_t i = 0; i < block; i++) {
-            const uint32_t u = xb[i], sign = u >> 31;
-            const float a = bits_float(u & 0x7fffffffu);
-            uint32_t mag = 0;
-            for (int j = 0; j < E2M1_MIDPOINTS; j++) mag += a >= tau[j];
-            if (output == OUT_F64) {
-                const float g = mag < 4 ? 0.5f * (float)mag : mag == 7 ? 6.0f : (float)mag - 2.0f; /* E2M1(mag) */
-                const double v = (double)g * d;
-                ((double *)dst)[at + i] = sign ? -v : v;
-            } else {
-                ((uint8_t *)dst)[at + i] = (uint8_t)(mag | (sign << 3));
+    double unit[NVFP4_GROUP];                  /* s t of each block of the group: exact, at most 28 significant bits */
+    for (Py_ssize_t first = 0; first < blocks; first += NVFP4_GROUP) {
+        const Py_ssize_t group = blocks - first < NVFP4_GROUP ? blocks - first : NVFP4_GROUP;
+        for (Py_ssize_t k = 0; k < group; k++) { /* the scales: one chain each (amax, quotient, rounding) */
+            const uint32_t amax = amax_bits(x + (first + k) * block, block);
+            const float floored = bits_float(amax) > amax_floor ? bits_float(amax) : amax_floor;
+            double s;
+            scales[first + k] = (uint8_t)e4m3_nearest((double)floored / divisor, &s);
+            unit[k] = s * tensor_scale;
+        }
+        for (Py_ssize_t k = 0; k < group; k++) { /* the elements */
+            const Py_ssize_t at = (first + k) * block;
+            const uint32_t *xb = x + at;
+            const double d = unit[k];
+            float tau[E2M1_MIDPOINTS]; /* |x| >= tau[j]: |x| passes midpoint j (exactly, see above) */
+            if (d == 0)
+                for (int j = 0; j < E2M1_MIDPOINTS; j++) tau[j] = bits_float(0x7f800000u);
+            else
+                for (int j = 0; j < E2M1_MIDPOINTS; j++)
+                    tau[j] = float32_threshold(e2m1_midpoints[j] * d, !e2m1_tie_up[j]);
+            for (Py_ssize_t i = 0; i < block; i++) {
+                const uint32_t u = xb[i], sign = u >> 31;
+                const float a = bits_float(u & 0x7fffffffu);
+                uint32_t mag = 0;
+                for (int j = 0; j < E2M1_MIDPOINTS; j++) mag += a >= tau[j];
+                if (output == OUT_F64) {
+                    const float g = mag < 4 ? 0.5f * (float)mag : mag == 7 ? 6.0f : (float)mag - 2.0f; /* E2M1(mag) */
+                    const double v = (double)g * d;
+                    ((double *)dst)[at + i] = sign ? -v : v;
+                } else {
+                    ((uint8_t *)dst)[at + i] = (uint8_t)(mag | (sign << 3));
+                }
             }
         }
     }
