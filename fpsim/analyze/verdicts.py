@@ -32,11 +32,11 @@ VERDICTS = ("ok", "loss_scale", "fp32")
 MAX_HEADROOM = 8
 """The recommended scale sits at most this many binades above the window's lower end."""
 FLUSH_SCALES = 256
+"""TensorStats.flush_error is computed for the log2 scales -FLUSH_SCALES..FLUSH_SCALES at once (beyond them, as
+at their ends: nothing or everything flushes)."""
 OVERFLOW_SEARCH = 1024
 """TensorStats.overflows_at searches the first overflowing log2 scale in -OVERFLOW_SEARCH..OVERFLOW_SEARCH (and
 asks `overflows` itself beyond)."""
-"""TensorStats.flush_error is computed for the log2 scales -FLUSH_SCALES..FLUSH_SCALES at once (beyond them, as
-at their ends: nothing or everything flushes)."""
 
 
 def unit_roundoff(lim) -> float:
