@@ -13,7 +13,10 @@ format: fpsim.analyze.shadow), after a first rotation in steps 0..49 (the
 first emulated replay of each format fills per-op caches once, a cost that
 a training run pays once); a configuration's time is the fastest of its runs. Target: shadowed every 10th step <= 1.3x the unobserved run. Wall and
 process CPU time are both printed: on a machine shared with other work, CPU
-time (one thread) is the steadier of the two.
+time (one thread) is the steadier of the two. The CPU time of the replays
+themselves (ShadowSteps.before_step) is printed as c, one shadow step's cost in
+unobserved steps: the steadiest figure of all, as it leaves out the plain steps'
+own swings.
 
 The step time of real CPU autocast FP16 and BF16 training against FP32 is
 printed beside: what one replay through torch's CPU autocast kernels costs
@@ -59,7 +62,8 @@ MODELS = {"demo": demo_model, "gpt": small_gpt}
 
 
 def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> tuple:
-    """Mean (wall, CPU) seconds per step over steps WARMUP..WARMUP+MEASURED-1; under watch(**options) when given."""
+    """Mean (wall, CPU) seconds per step over steps WARMUP..WARMUP+MEASURED-1, and the CPU seconds the shadow
+    replays took in them (0 without shadow steps); under watch(**options) when given."""
     model = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     options = dict(options) if options is not None else None
@@ -67,6 +71,16 @@ def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> tup
     w = watch(model, **options).attach() if options is not None else None
     if numerics is not None:
         w.shadow.numerics = numerics
+    replays = [0.0]
+    if w is not None and w.shadow is not None:
+        replay = w.shadow.before_step
+
+        def timed_replay(*args, **kwargs):        # the shadow steps' replays, timed on their own
+            start_replay = time.process_time()
+            replay(*args, **kwargs)
+            if step >= WARMUP:
+                replays[0] += time.process_time() - start_replay
+        w.shadow.before_step = timed_replay
     try:
         for step in range(WARMUP + MEASURED):
             if step == WARMUP:
@@ -81,7 +95,8 @@ def timed_run(model, batch, loss_fn, options: dict | None, autocast=None) -> tup
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return (time.perf_counter() - start) / MEASURED, (time.process_time() - start_cpu) / MEASURED
+        return ((time.perf_counter() - start) / MEASURED, (time.process_time() - start_cpu) / MEASURED,
+                replays[0])
     finally:
         if w is not None:
             w.close()
@@ -118,6 +133,13 @@ def main() -> None:
             wall, cpu = (min(t[i] for t in values) for i in (0, 1))
             print(f"  {name:<36} {wall * 1e3:9.2f} ms/step {wall / base[0]:6.2f}x   CPU {cpu * 1e3:9.2f} ms/step "
                   f"{cpu / base[1]:6.2f}x unobserved")
+        for name, values in times.items():
+            replays = min(t[2] for t in values)
+            if replays:
+                shadowed = MEASURED // 10
+                print(f"  {name}: replays {replays / shadowed * 1e3:.1f} ms CPU per shadowed step, c = "
+                      f"{replays / shadowed / base[1]:.2f} unobserved steps (the rest of the ratio: observation "
+                      f"and capture)")
 
 
 if __name__ == "__main__":

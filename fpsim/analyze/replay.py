@@ -20,6 +20,7 @@ outside autocast, their floating inputs cast to FP32.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 class FP32:
@@ -46,9 +47,18 @@ class FP32:
         return False
 
 
+class SourceFound(Exception):
+    """Raised out of a replay's forward at its first overflow source when `Replay.stop_at_source` is set: the
+    rest of that forward would be redone with the source in FP32 anyway. An Exception, so that modules'
+    always-called forward hooks (the watcher's module stack) still run on the way out."""
+
+
 class Replay:
     """A context for one replay: watches every module of the root for overflow sources (output non-finite
-    from finite inputs) and runs the modules in `keep` in FP32."""
+    from finite inputs) and runs the modules in `keep` in FP32. stop_at_source: raise SourceFound at the
+    first source found."""
+
+    stop_at_source = False
 
     def __init__(self, core, module_names, keep, found):
         self.core, self.module_names, self.keep, self.found = core, module_names, keep, found
@@ -104,6 +114,8 @@ class Replay:
             inner = [q for q in self.found if q.startswith(qual + ".") or not qual]
             if not inner:            # the innermost module that overflowed, not its parents
                 self.found[qual] = module
+                if self.stop_at_source:
+                    raise SourceFound(qual)
         return None
 
 
@@ -196,46 +208,67 @@ class FakeQuant(Replay):
         super()._post(module, args, output)
         if type(module).__name__ in GEMM_TYPES and module not in self.keep and isinstance(output, torch.Tensor) \
                 and output.requires_grad:
-            return _GradientQuantizer.apply(output, self.lim)
+            return _quantize_gradient(output, self.lim)
         return None
 
 
 def _quantize(x, lim):
     """x fake-quantised with a current per-tensor scale (max / amax, as CurrentScaling), straight-through gradient."""
-    from ..rounding import quantize
+    if x.requires_grad:
+        return _autograd_functions()[0].apply(x, lim)
+    return _quantized_values(x, lim)
 
+
+def _quantized_values(x, lim):
+    """quantize(x * scale, saturate=True) / scale with scale = max / amax (1 where amax is 0, Inf or NaN):
+    detached, the division in place on the quantized tensor (one temporary, no autograd nodes)."""
     import torch
 
+    from ..rounding import quantize
+
     amax = 0.0
+    x = x.detach()
     if x.numel():                    # max |x| from one min/max reduction (no |x| temporary); NaN or inf: scale 1
-        lo, hi = (float(v) for v in torch.aminmax(x.detach()))
+        lo, hi = (float(v) for v in torch.aminmax(x))
         amax = max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else math.inf
-    scale = float(lim.fmt.max) / amax if amax > 0 and math.isfinite(amax) else 1.0
-    return quantize(x * scale, lim.fmt, saturate=True) / scale
+    if not (amax > 0 and math.isfinite(amax)):
+        return quantize(x, lim.fmt, saturate=True)
+    scale = float(lim.fmt.max) / amax
+    return quantize(x * scale, lim.fmt, saturate=True).div_(scale)
 
 
-class _GradientQuantizer:
-    """Identity forward; backward: the incoming gradient fake-quantised (made on first use: torch loads late)."""
+def _quantize_gradient(x, lim):
+    """x unchanged forward; backward: the incoming gradient fake-quantised as `_quantize` quantises values."""
+    return _autograd_functions()[1].apply(x, lim)
 
-    _function = None
 
-    @classmethod
-    def apply(cls, x, lim):
-        if cls._function is None:
-            import torch
+@functools.cache
+def _autograd_functions():
+    """(FakeQuantize, QuantizeGradient): the autograd Functions of `_quantize` on tensors that require grad
+    (the fake-quantised values forward, the gradient unchanged backward) and of `_quantize_gradient`; made on
+    first use (torch loads late)."""
+    import torch
 
-            class Function(torch.autograd.Function):
-                @staticmethod
-                def forward(ctx, x, lim):
-                    ctx.lim = lim
-                    return x.view_as(x)
+    class FakeQuantize(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, lim):
+            return _quantized_values(x, lim)
 
-                @staticmethod
-                def backward(ctx, grad):
-                    return _quantize(grad.detach(), ctx.lim), None
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
 
-            cls._function = Function
-        return cls._function.apply(x, lim)
+    class QuantizeGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, lim):
+            ctx.lim = lim
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return _quantized_values(grad, ctx.lim), None
+
+    return FakeQuantize, QuantizeGradient
 
 
 # ------------------------------------------------------------------ helpers

@@ -39,7 +39,9 @@ turns, and the floor that decides escalation is the mean of those measured.
 
 A module whose low-precision output is non-finite while its inputs are finite
 is an overflow source; the replay is repeated with the sources kept in FP32 (as
-one would), so that the other layers are judged on what remains.
+one would), so that the other layers are judged on what remains. A forward
+that is to be repeated stops at its first source (replay.SourceFound): the
+rest of it would be thrown away.
 
 Per layer (the parameters a module holds itself), format and scale: the
 gradient's relative error ||g_lp - g|| / ||g||, its cosine to g, the share of
@@ -58,7 +60,7 @@ import math
 import warnings
 
 from .gradient_error import Reference, flat
-from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, float_leaves
+from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound, float_leaves
 
 NARROW_SCALES_LOG2 = (0, 8, 16)
 """Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
@@ -67,8 +69,9 @@ NUMERICS = ("emulated", "autocast")
 """How FP16/BF16 shadow steps compute: "emulated", torch.autocast's op policy with each FP16/BF16 op computed in
 FP32 and rounded once (replay.EmulatedAutocast: a GPU kernel's numerics, at about FP32's cost); "autocast",
 torch's own low-precision kernels (replay.Autocast: on CPUs without FP16/BF16 matrix units ~15x slower)."""
-MAX_OVERFLOW_PASSES = 3
-"""Replays with more overflow sources kept in FP32 before giving up on finding them all."""
+MAX_OVERFLOW_PASSES = 6
+"""Replays with more overflow sources kept in FP32 before giving up on finding them all: each but the last stops at
+the first new source, so up to 5 are kept (the last replay still records any others)."""
 RECHECK_EVERY = 8
 """The real backward's gradients stand in for the FP32 reference replay once a replay has matched them; every
 this many format turns the reference is replayed again to check that they still match."""
@@ -249,6 +252,7 @@ class ShadowSteps:
         self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
         self._real_matches = None             # whether the real gradients matched the last reference replay
         self._format_turns = 0
+        self._replaying = False               # the replays' own forwards are not captured
 
     @property
     def numerics(self) -> str:
@@ -336,8 +340,8 @@ class ShadowSteps:
     def _on_forward_pre(self, module, args, kwargs):
         import torch
 
-        if self._capture is not None or self._step_of() % self.every or not torch.is_grad_enabled() \
-                or torch.compiler.is_compiling():
+        if self._capture is not None or self._replaying or self._step_of() % self.every \
+                or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         try:
             with self._busy():
@@ -357,8 +361,8 @@ class ShadowSteps:
 
     def _on_forward(self, module, args, kwargs, output):
         capture = self._capture
-        if capture is None:
-            return None                              # not shadowed
+        if capture is None or self._replaying:
+            return None                              # not shadowed, or a replay's forward
         if capture.grads or capture.handles:         # a later forward of the same step
             capture.real = None
             return None
@@ -427,10 +431,12 @@ class ShadowSteps:
         device = next(iter(params.values())).device.type
         saved_rng = torch.get_rng_state()
         saved_cuda = torch.cuda.get_rng_state_all() if capture.cuda_rng is not None else None
+        self._replaying = True
         try:
             with torch.enable_grad():
                 self._measure(capture, params, device)
         finally:
+            self._replaying = False
             torch.set_rng_state(saved_rng)
             if saved_cuda is not None:
                 torch.cuda.set_rng_state_all(saved_cuda)
@@ -485,6 +491,7 @@ class ShadowSteps:
                 context = Autocast(self.core, self._module_names, device, getattr(torch, AUTOCAST_DTYPES[lim.name]),
                                    keep, found)
             last = attempt == MAX_OVERFLOW_PASSES - 1
+            context.stop_at_source = not last
             at1: dict = {}           # the scale-1 measurements, made once for _escalate and the record
 
             def escalate(result, at1=at1):
@@ -545,7 +552,8 @@ class ShadowSteps:
         """{scale_log2: {parameter name: float32 gradient or None}} of the captured step replayed under `context`.
 
         stop(): checked after the forward; True: no backward, None back (an overflow source was found: the
-        caller replays with it in FP32). escalate(gradients at scale 1): whether to go on to the other scales.
+        caller replays with it in FP32), as when the forward raised SourceFound (the context stops at its first
+        source). escalate(gradients at scale 1): whether to go on to the other scales.
         """
         import torch
         from torch.func import functional_call
@@ -555,9 +563,12 @@ class ShadowSteps:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         buffers = {n: b.clone() for n, b in capture.buffers.items()}
         with context.arithmetic():
-            with context:
-                out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
-                                      capture.kwargs)
+            try:
+                with context:
+                    out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
+                                          capture.kwargs)
+            except SourceFound:
+                return None
             if stop is not None and stop():
                 return None
             pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]

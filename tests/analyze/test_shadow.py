@@ -176,6 +176,73 @@ def test_real_overflow_gets_fp32_and_the_rest_stays_ok():
     assert report.verdict("raw", "bf16") == "ok"
 
 
+class ThreeSources(nn.Module):
+    """Two overflowing branches side by side (`left`, `right`), and behind them `boost`, whose FP16 output
+    overflows only once both branches are finite: three sources, two found together and one after."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.left, self.right = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.boost = nn.Linear(32, 32)
+        with torch.no_grad():
+            self.left.weight.mul_(100.0)
+            self.right.weight.mul_(100.0)
+            self.boost.weight.mul_(1e5)
+        self.norm, self.norm2 = nn.LayerNorm(32), nn.LayerNorm(32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.norm(torch.cat([self.left(x), self.right(x)], 1))
+        return self.out(self.norm2(self.boost(h)))
+
+
+def test_every_overflow_source_is_found_side_by_side_and_behind_another():
+    """Each replay that finds a source stops there and is repeated with it in FP32 (shadow.MAX_OVERFLOW_PASSES):
+    sources found together in one forward before must all still be found, and the one behind them too."""
+    _, loss_fn, batches = task("overflow")
+
+    def real_fp16(kept):
+        return train_real(ThreeSources(), loss_fn, batches(REAL_STEPS), dtype=torch.float16, keep_fp32=kept)
+
+    fp32 = train_real(ThreeSources(), loss_fn, batches(REAL_STEPS))["losses"]
+    assert not math.isfinite(real_fp16(())["losses"][0])
+    assert not math.isfinite(real_fp16(("left", "right"))["losses"][0])      # boost overflows as well
+    kept = real_fp16(("left", "right", "boost"))
+    assert kept["skipped"] == 0 and sum(kept["losses"][-10:]) == pytest.approx(sum(fp32[-10:]), rel=1e-2)
+    report = observe("overflow", model=ThreeSources(), formats=("fp16",))
+    assert {name for name in ("left", "right", "boost") if report.verdict(name, "fp16") == "fp32"} == \
+        {"left", "right", "boost"}
+    assert all(report.verdict(name, "fp16") == "ok" for name in ("norm", "norm2", "out"))
+
+
+def test_a_shadowed_step_hooks_its_capture_once_whatever_its_replays():
+    """The replays run the model's forward again: they must not capture themselves (one gradient hook per
+    model output and per parameter on a shadowed step, none on the others)."""
+    planted, loss_fn, batches = task("aux_head")
+    optimizer = torch.optim.Adam(planted.parameters(), lr=1e-2)
+    counted, register = [], torch.Tensor.register_hook
+
+    def counting(tensor, hook):
+        counted[-1] += 1
+        return register(tensor, hook)
+
+    with watch(planted, formats=("fp16", "bf16", "e4m3"), every=1000, shadow_every=2) as w:
+        torch.Tensor.register_hook = counting
+        try:
+            for x, y in batches(8):
+                counted.append(0)
+                loss = loss_fn(planted(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        finally:
+            torch.Tensor.register_hook = register
+    outputs, params = 2, len(list(planted.parameters()))
+    assert w.shadow.record.count == 4
+    assert counted == [outputs + params, 0] * 4
+
+
 class TinyGPT2LM(nn.Module):
     """transformers' GPT-2 (2 layers, 32 wide, random init): logits from token ids. Its head is tied to the
     token embedding, and its attention adds a float32 mask holding float32's lowest value to its scores."""

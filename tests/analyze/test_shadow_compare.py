@@ -101,3 +101,42 @@ def test_a_replayed_gradient_of_another_size_is_refused_by_name():
     ref = {"a.weight": torch.ones(4)}
     with pytest.raises(ValueError, match="gradient of a has 3 values, its reference 4"):
         gradient_error.Reference(ref, [("a", ["a.weight"])]).compare({"a.weight": torch.ones(3)})
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_fake_quantisation_is_a_current_scaled_cast_with_a_straight_through_gradient(name):
+    """replay._quantize against ml_dtypes' own FP8 casts: x * s cast to the format and divided by s, with
+    s = max / amax (CurrentScaling's formula, rounded to float32 as torch multiplies a float32 tensor by a
+    Python float); 1 where amax is 0; gradients pass unchanged, and the gradient quantiser applies the same
+    cast to the gradient."""
+    import ml_dtypes
+    import numpy as np
+
+    from fpsim.analyze.limits import resolve_formats
+    from fpsim.analyze.replay import _quantize, _quantize_gradient
+
+    lim = resolve_formats((name,))[0]
+    fp8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[name]
+    g = torch.Generator().manual_seed(3)
+
+    def expected(t):
+        a = t.detach().numpy()
+        amax = float(np.abs(a).max()) if a.size else 0.0
+        s = float(lim.fmt.max) / amax if amax else 1.0
+        return torch.from_numpy((a * np.float32(s)).astype(fp8).astype(np.float32) / np.float32(s))
+
+    cases = [torch.randn(64, 33, generator=g) * 10.0 ** k for k in (-30, -3, 0, 5, 30)]
+    cases += [torch.zeros(5), torch.empty(0), torch.tensor([-448.0, 1e-9, 3.0])]
+    for x in cases:
+        for t in (x, x.clone().requires_grad_(True)):
+            q = _quantize(t, lim)
+            assert torch.equal(q.detach(), expected(t)), (name, float(x.abs().max()) if x.numel() else 0)
+            assert q.requires_grad is t.requires_grad
+            if t.requires_grad and t.numel():
+                upstream = torch.randn(t.shape, generator=g)
+                q.backward(upstream)
+                assert torch.equal(t.grad, upstream)
+        y = x.clone().requires_grad_(True)
+        upstream = torch.randn(x.shape, generator=g) * 1e-20
+        _quantize_gradient(y, lim).backward(upstream)
+        assert torch.equal(y.grad, expected(upstream))
