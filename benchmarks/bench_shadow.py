@@ -136,7 +136,7 @@ def main() -> None:
         for name, values in times.items():
             replays = min(t[2] for t in values)
             if replays:
-                shadowed = MEASURED // 10
+                shadowed = MEASURED // CONFIGS[name]["shadow_every"]
                 print(f"  {name}: replays {replays / shadowed * 1e3:.1f} ms CPU per shadowed step, c = "
                       f"{replays / shadowed / base[1]:.2f} unobserved steps (the rest of the ratio: observation "
                       f"and capture)")
