@@ -715,6 +715,17 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
     }
 }
 
+/* Asks for the next chunk's input and output lines while this chunk is worked on, so that its passes,
+   which read and write the caller's memory in separate loops, find them in cache. */
+static void prefetch_next(const kernel_t *k, const void *src, void *dst, Py_ssize_t next, Py_ssize_t n) {
+    const Py_ssize_t m = n - next < CHUNK ? n - next : CHUNK;
+    if (m <= 0) return;
+    const size_t in = input_size(k->input, k->width), out = output_size(k);
+    const char *s = (const char *)src + (size_t)next * in, *d = (const char *)dst + (size_t)next * out;
+    for (size_t b = 0; b < (size_t)m * in; b += 64) __builtin_prefetch(s + b, 0, 3);
+    for (size_t b = 0; b < (size_t)m * out; b += 64) __builtin_prefetch(d + b, 1, 3);
+}
+
 /* ------------------------------------------------ the driver: chunk by chunk, pass by pass */
 #define DEFINE_RUN(W_, word_t)                                                                              \
     static void run_##W_(const kernel_t *k, const void *src, void *dst, Py_ssize_t n,              \
@@ -729,12 +740,16 @@ static void rescale_chunk(const kernel_t *k, void *dst, const double *restrict d
         const uint32_t *second = k->rand_bits > 32 ? u1 : u0; /* U's second word, where it is needed */      \
         for (Py_ssize_t start = 0; start < n; start += CHUNK) {                                               \
             const Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;                                       \
+            prefetch_next(k, src, dst, start + m, n);                                                         \
             int general_ready = 0; /* general[] written for this chunk (cleared only where it is used) */     \
             /* 1. decompose: the working float's bits */                                                     \
             const word_t *w = (const word_t *)src + start;                                                    \
             int needs_general = 0;                                                                            \
             if (divisors && W_ == 32) {                                                                    \
                 divide_chunk((const float *)src, divisors, block, start, m, (uint32_t *)work, scaled);        \
+                w = work;                                                                                     \
+            } else if (W_ == 32 && k->input == IN_F64) { /* deterministic modes only: check() */              \
+                narrow_to_odd((const uint64_t *)src + start, (uint32_t *)work, m);                            \
                 w = work;                                                                                     \
             } else if (k->input != IN_WORKING) {                                                              \
                 needs_general = widen(k, src, start, m, (uint64_t *)work, (uint64_t *)general);                \
@@ -785,7 +800,8 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
     if (params_len != (Py_ssize_t)sizeof *k)
         return "parameters of the wrong size (build them with fpsim._native.kernel_params)";
     const int P_ = k->width == 32 ? 23 : 52;
-    const int narrowed = blocks && k->input == IN_F32 && k->mode != STOCHASTIC; /* quotients rounded to odd */
+    /* float32 working bits rounded to odd: block formats' quotients of float32 input, or float64 input */
+    const int narrowed = k->mode != STOCHASTIC && k->input == (blocks ? IN_F32 : IN_F64);
     if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
         if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
             (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN && k->mode != ODD) ||

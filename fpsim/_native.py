@@ -91,18 +91,32 @@ def _casts(fmt: Format, rounding: str) -> bool:
             and fmt.emin == fp32.emin and fmt.max == fp32.max)
 
 
-def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None) -> tuple[int, str] | None:
-    """(working width, input kind) of the kernel for an array of `dtype`, or None where it does not apply.
+def _rounds_after_odd(fmt: Format, rounding: str) -> bool:
+    """Whether rounding a float64 to odd at float32's precision, then into `fmt`, is rounding it into `fmt`
+    once: a deterministic mode, a format the float32 kernel rounds to with at most 21 mantissa bits (its
+    values all have an even last bit in float32) and a finest spacing of 2^-147 or coarser (two bits above
+    float32's subnormal grid). Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
+    algorithms using rounding to odd", IEEE TC 2008."""
+    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    return (not MODES[rounding].stochastic and _fits(fmt, 32) and fmt.man_bits <= 21 and quantum_exp >= -147)
 
-    float64 input works in float64, read and written in one pass (which measured faster than rounding it to
-    odd at float32's precision first, benchmarks/bench_rounding.py), except into float32's own format: the
-    hardware's conversion (_casts)."""
+
+def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None, codes: bool = False
+          ) -> tuple[int, str] | None:
+    """(working width, input kind) of the kernel for an array of `dtype` (into `codes` or values), or None
+    where it does not apply.
+
+    float64 input into float32's own format is the hardware's conversion (_casts). Its codes, in
+    deterministic modes and formats of at most 21 mantissa bits, are rounded to odd at float32's precision
+    chunk by chunk and rounded again by the float32 passes (_rounds_after_odd: twice as many elements per
+    vector). Otherwise it works in float64, which writes float64 values straight from the passes (measured
+    faster than narrowing, then widening the results: benchmarks/bench_rounding.py --sections float64)."""
     dtype = np.dtype(dtype)
     if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
         return None
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
         return 32, "working"
-    if dtype == np.float64 and _casts(fmt, rounding):
+    if dtype == np.float64 and (_casts(fmt, rounding) or (codes and _rounds_after_odd(fmt, rounding))):
         return 32, "float64"
     if not _fits(fmt, 64):
         return None
@@ -204,7 +218,7 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
         codes: bool = False, values_dtype=None) -> np.ndarray:
     """Round `array` with the kernel (route() must apply): codes when `codes`, else values of
     `values_dtype` (float32 or float64, default float64). `key`: stochastic's Philox key."""
-    width, input_kind = route(array.dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None)
+    width, input_kind = route(array.dtype, fmt, rounding, rand_bits if rounding == "stochastic" else None, codes)
     src = np.ascontiguousarray(array)  # C order: the element index of the stream is the flat index
     if codes:
         out_dtype, output = code_dtype(fmt), "codes"
@@ -226,8 +240,7 @@ def covers_blocks(fmt: Format, rounding: str) -> bool:
     coarser, leaves float32's subnormals below its first rounding boundary (so that a power-of-two
     divisor may multiply in float32)."""
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    return (_fastround is not None and not MODES[rounding].stochastic and _fits(fmt, 32) and fmt.man_bits <= 21
-            and quantum_exp >= -125)
+    return _fastround is not None and _rounds_after_odd(fmt, rounding) and quantum_exp >= -125
 
 
 def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format, *, rounding, saturate,

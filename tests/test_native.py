@@ -106,7 +106,12 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float32, PRESETS["e8m0"]) == (32, "working")  # float32 subnormals: the general path
     assert _native.route(np.float32, PRESETS["bf16"], "stochastic", rand_bits=40) == (64, "float32")
     assert _native.route(np.float32, Format(9, 3)) == (64, "float32")  # values beyond float32
-    assert _native.route(np.float64, PRESETS["bf16"]) == (64, "working")  # in float64 lanes, rounded once
+    assert _native.route(np.float64, PRESETS["bf16"]) == (64, "working")  # values: in float64 lanes, rounded once
+    assert _native.route(np.float64, PRESETS["bf16"], codes=True) == (32, "float64")  # codes: rounded to odd first
+    assert _native.route(np.float64, Format(8, 21), codes=True) == (32, "float64")
+    assert _native.route(np.float64, Format(8, 22), codes=True) == (64, "working")  # too wide for odd's margin
+    assert _native.route(np.float64, Format(8, 3, bias=150), codes=True) == (64, "working")  # spacing 2^-152
+    assert _native.route(np.float64, PRESETS["bf16"], "stochastic", codes=True) == (64, "working")
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
     assert _native.route(np.float64, PRESETS["tf32"]) == (64, "working")
     assert _native.route(np.float64, PRESETS["fp32"]) == (32, "float64")  # the hardware's conversion (_casts)
@@ -270,9 +275,11 @@ def _double_rounding_traps(fmt: Format, codes: np.ndarray) -> np.ndarray:
 @example(PRESETS["e4m3fnuz"], "up", False, (False, False), [0, 0, 0, 127], "float32")
 def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong(fmt, rounding, saturate, flush,
                                                                                draws, output):
-    """float64 input (the kernel: in float64 lanes, one pass) against exact.round_value of the float64 value
-    (the oracle), at the points where rounding through float32 to nearest first gives a wrong answer."""
+    """float64 input against exact.round_value of the float64 value (the oracle), at the points where
+    rounding through float32 to nearest first gives a wrong answer: values in float64 lanes (one pass),
+    codes rounded to odd at float32's precision first, then by the float32 passes."""
     assert _native.route(np.float64, fmt, rounding) == (64, "working")
+    assert _native.route(np.float64, fmt, rounding, codes=True) == (32, "float64")
     codes = np.array(draws, dtype=np.uint64) % (1 << fmt.bits)
     x = _double_rounding_traps(fmt, codes)
     x = x[codable(x, fmt, flush[0])]
