@@ -21,6 +21,9 @@ again together at the end.
 * blocks: MX and NVFP4 quantisation (fpsim.quantize and fpsim.encode of block formats) against
   torchao's MX/NVFP4 reference code and gfloat's quantize_block; target: at least 10 times the
   faster of them (`--blocks` runs this section alone).
+* small: fpsim's time per call on 256, 4,096 and 65,536 float32 values (e4m3, bf16), where the Python
+  around the kernel counts: quantize against ml_dtypes' and torch's round trips, encode against
+  ml_dtypes' cast (reported, no target).
 * float64: the same values as float64. fpsim.encode against ml_dtypes' cast of
   the float64 array (which ml_dtypes >= 0.7 rounds once, as fpsim does; numpy's
   own astype for fp32), and fpsim's float64 time per element against its own
@@ -393,7 +396,68 @@ def blocks_section(env: Env) -> list[str]:
             + worst(against_faster, lambda r, n, rule, o: f"{n} {rule} {o}, ratio {r:.2f}")]
 
 
-SECTIONS = {"float32": float32_section, "float64": float64_section, "blocks": blocks_section}
+# ------------------------------------------------------------------ small arrays
+SMALL_SIZES = (256, 4096, 65536)
+SMALL_FORMATS_PER_CALL = ("e4m3", "bf16")
+
+
+def per_call(*fns, calls: int, repeats: int) -> list[float]:
+    """Best seconds per call of each function over `repeats` rounds of `calls` calls each, in turn."""
+    def batch(fn):
+        def run():
+            for _ in range(calls):
+                fn()
+        return run
+    best, _ = best_times(*(batch(fn) for fn in fns), repeats=repeats)
+    return [b / calls for b in best]
+
+
+def small_section(env: Env) -> list[str]:
+    """Per-call time on small arrays, where fpsim's Python around the kernel counts: quantize (values) of
+    numpy arrays against ml_dtypes' round trip, of torch tensors against torch's round trip, and encode
+    (codes) against ml_dtypes' cast; nearest-even."""
+    args, torch, ml_dtypes = env.args, env.torch, env.ml_dtypes
+    print("small arrays: float32 values, nearest-even; microseconds per call; ratio = peer / fpsim\n")
+    header = (f"{'format':7} {'size':>6} | {'quantize':>8} {'ml rt':>7} {'ratio':>6} | {'tensor':>8} {'torch rt':>8} "
+              f"{'ratio':>6} | {'encode':>8} {'ml_dtypes':>9} {'ratio':>6}")
+    print(header)
+    print("-" * len(header))
+    ratios = []
+    for name in SMALL_FORMATS_PER_CALL:
+        fmt = fpsim.format(name)
+        for n in SMALL_SIZES:
+            data = env.x[:n].copy()
+            calls = max(20, 200_000 // n)
+            fns = [lambda: fpsim.quantize(data, fmt), lambda: fpsim.encode(data, fmt)]
+            if ml_dtypes is not None:
+                ml_type = fmt.ml_dtype
+                fns += [lambda: data.astype(ml_type).astype(np.float32), lambda: data.astype(ml_type)]
+            if torch is not None:
+                tensor, torch_type = torch.from_numpy(data), fmt.torch_dtype
+                fns += [lambda: fpsim.quantize(tensor, fmt), lambda: tensor.to(torch_type).float()]
+            times = iter(per_call(*fns, calls=calls, repeats=args.repeats))
+            t_q, t_enc = next(times), next(times)
+            t_ml_rt, t_ml = (next(times), next(times)) if ml_dtypes is not None else (None, None)
+            t_tq, t_trt = (next(times), next(times)) if torch is not None else (None, None)
+            cells = [f"{name:7} {n:6d} | {t_q * 1e6:8.1f}"]
+            cells.append(f"{'-':>7} {'-':>6} |" if t_ml_rt is None else
+                         f"{t_ml_rt * 1e6:7.1f} {t_ml_rt / t_q:6.2f} |")
+            cells.append(f"{'-':>8} {'-':>8} {'-':>6} |" if t_tq is None else
+                         f"{t_tq * 1e6:8.1f} {t_trt * 1e6:8.1f} {t_trt / t_tq:6.2f} |")
+            cells.append(f"{t_enc * 1e6:8.1f}" + ("" if t_ml is None else f" {t_ml * 1e6:9.1f} {t_ml / t_enc:6.2f}"))
+            print(" ".join(cells), flush=True)
+            ratios += [(r, name, n, peer) for r, peer in ((None if t_ml_rt is None else t_ml_rt / t_q, "ml_dtypes"),
+                                                           (None if t_tq is None else t_trt / t_tq, "torch"))
+                       if r is not None]
+    print()
+    summary = ["small arrays, quantize per call against the peers' round trips, smallest ratio: "
+               + worst(ratios, lambda r, name, n, peer: f"{name} {n} values against {peer}, {r:.2f}")]
+    print("\n".join(summary) + "\n")
+    return summary
+
+
+SECTIONS = {"float32": float32_section, "float64": float64_section, "blocks": blocks_section,
+            "small": small_section}
 
 
 def main() -> None:

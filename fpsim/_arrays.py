@@ -15,6 +15,7 @@ already has: a tensor can only exist once torch is loaded, so `is_torch` asks
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import sys
 from typing import Callable, NamedTuple
@@ -112,6 +113,7 @@ def _torch_module():
     return torch
 
 
+@functools.lru_cache(maxsize=64)  # (by dtype: asked on every call)
 def _numpy_format(dtype: np.dtype) -> Format | None:
     """The fpsim format whose values a numpy (or ml_dtypes) float dtype holds, if any."""
     if dtype.kind not in "fV":
@@ -123,6 +125,7 @@ def _numpy_format(dtype: np.dtype) -> Format | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def _torch_format(dtype) -> Format | None:
     for fmt in PRESETS.values():
         if fmt.torch_dtype is not None and fmt.torch_dtype == dtype:
@@ -172,6 +175,8 @@ def accept(x) -> Accepted:
     The result comes back as the input's kind: a scalar for a scalar, a masked array with the
     same mask, a matrix, an array of the input's array-API library.
     """
+    if type(x) is np.ndarray:  # the common case first (each check below costs a call's time)
+        return Accepted(_plain(x), _same)
     if is_torch(x):
         return Accepted(x, _same)
     if isinstance(x, (bool, np.bool_)):

@@ -33,6 +33,7 @@ except ImportError:  # built without a compiler: the numpy engine does everythin
 _INPUTS = {"working": 0, "float32": 1, "float64": 2, "int8": 3, "int16": 4, "int32": 5, "int64": 6,
            "uint8": 7, "uint16": 8, "uint32": 9, "uint64": 10}
 _OUTPUTS = {"float32": 0, "float64": 1, "codes": 2}
+_VALUE_OUTPUTS = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}  # (dtype.name costs ~2 us)
 # the working containers, from their formats: (mantissa bits P, exponent bias, float type, bits type) by width
 _LAYOUT = {fmt.bits: (fmt.man_bits, fmt.bias, np.dtype(f"float{fmt.bits}").type, np.dtype(f"uint{fmt.bits}").type)
            for fmt in (PRESETS["fp32"], PRESETS["fp64"])}
@@ -111,7 +112,11 @@ def route(dtype, fmt: Format, rounding: str = "nearest_even", rand_bits=None, co
     chunk by chunk and rounded again by the float32 passes (_rounds_after_odd: twice as many elements per
     vector). Otherwise it works in float64, which writes float64 values straight from the passes (measured
     faster than narrowing, then widening the results: benchmarks/bench_rounding.py --sections float64)."""
-    dtype = np.dtype(dtype)
+    return _route(np.dtype(dtype), fmt, rounding, rand_bits, codes)
+
+
+@functools.lru_cache(maxsize=1024)  # (asked twice a call: its Fraction comparisons cost ~10 us each time)
+def _route(dtype: np.dtype, fmt: Format, rounding: str, rand_bits, codes: bool) -> tuple[int, str] | None:
     if _fastround is None or not dtype.isnative:  # (byte-swapped arrays go to the engine)
         return None
     if dtype == np.float32 and _fits(fmt, 32) and (rand_bits or 0) <= 32:
@@ -224,7 +229,7 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
         out_dtype, output = code_dtype(fmt), "codes"
     else:
         out_dtype = np.dtype(values_dtype or np.float64)
-        output = out_dtype.name
+        output = _VALUE_OUTPUTS[out_dtype]
     params = kernel_params(fmt, rounding=rounding, saturate=saturate, flush_inputs=flush_inputs,
                            flush_outputs=flush_outputs, rand_bits=rand_bits, key=key, width=width,
                            input_kind=input_kind, output=output, code_bytes=out_dtype.itemsize)

@@ -362,6 +362,7 @@ _NATIVE_NAMES = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # (every quantize call asks: a scan of the presets each time cost ~10 us)
 def _native_dtype(fmt: Format, library: str):
     for preset_name, names in _NATIVE_NAMES.items():
         if _layout(PRESETS[preset_name]) != _layout(fmt):
