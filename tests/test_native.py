@@ -111,6 +111,8 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float64, Format(8, 21), codes=True) == (32, "float64")
     assert _native.route(np.float64, Format(8, 22), codes=True) == (64, "working")  # too wide for odd's margin
     assert _native.route(np.float64, Format(8, 3, bias=150), codes=True) == (64, "working")  # spacing 2^-152
+    assert _native.route(np.float64, Format(8, 7, bias=141), codes=True) == (32, "float64")  # spacing 2^-147
+    assert _native.route(np.float64, Format(8, 8, bias=141), codes=True) == (64, "working")  # spacing 2^-148
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic", codes=True) == (64, "working")
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
     assert _native.route(np.float64, PRESETS["tf32"]) == (64, "working")
@@ -300,6 +302,22 @@ def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong
         assert_same_bits(got, expected, nan_sign=False, inputs=x)
         nan = np.isnan(got)
         assert np.array_equal(np.signbit(got[nan]), expected_nan_sign(fmt, np.signbit(x[nan])))
+
+
+@pytest.mark.parametrize("rounding", DETERMINISTIC)
+def test_float64_codes_rounded_to_odd_at_the_finest_spacing_float32_allows(rounding):
+    """The narrowest margin of float64 codes through float32 lanes: a format whose spacing is 2^-147, two
+    bits above float32's subnormal grid, so that its midpoints among its own subnormals are float32
+    subnormals and rounding to odd there must not land on one. Its codes at the double-rounding traps of
+    its subnormals and first normals, against the oracle (exact.round_value, exact.encode_value)."""
+    fmt = Format(8, 7, bias=141, name="e8m7_b141")
+    assert fmt.emin - fmt.man_bits == -147 and _native.route(np.float64, fmt, rounding, codes=True) == (32, "float64")
+    codes = np.concatenate([np.arange(0, 300, dtype=np.uint64), np.arange(0, 300, dtype=np.uint64) | (1 << 15)])
+    x = _double_rounding_traps(fmt, codes)
+    x = np.concatenate([x, x / 3, np.nextafter(x / 3, 0)])
+    expected = np.array([exact.encode_value(exact.round_value(float(v), fmt, rounding), fmt) for v in x],
+                        dtype=np.uint64)
+    assert_same_codes(encode(x, fmt, rounding).astype(np.uint64), expected)
 
 
 def test_the_double_rounding_traps_are_traps():
