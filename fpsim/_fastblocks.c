@@ -13,7 +13,12 @@
  *             is found from x's exponent minus s and x's significand is rounded where that grid
  *             cuts it, all in integers, so that no quotient is formed and nothing leaves float32's
  *             range. The output is the element's code, or its dequantised value n * 2^(q + s) (n
- *             quanta of the element's grid 2^q) in float32 or float64.
+ *             quanta of the element's grid 2^q) in float32 or float64. A block whose every nonzero
+ *             quotient is normal in the element format (the band: most FP8 blocks) skips the search
+ *             for each element's grid: x's bit pattern is rounded at the fixed bit 23 - man_bits.
+ *
+ * The input is prefetched ahead of the block being read: from memory, the hardware prefetcher alone
+ * left the amax loop waiting.
  *
  * It covers (fpsim/_native_blocks.py covers) signed element formats with subnormals, a negative
  * zero, 1 to 19 mantissa bits and a finest spacing 2^quantum_exp with quantum_exp >= -21: the
@@ -39,6 +44,7 @@ enum { OUT_CODES8, OUT_CODES16, OUT_F32, OUT_F64, OUT_COUNT };
 #define E8M0_HI 127
 #define E8M0_NAN 0xFFu
 #define PIECE 64 /* elements rounded at a time */
+#define PREFETCH_AHEAD 8192 /* bytes of input asked for ahead of the block being read */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define HIGH_WORD 0 /* where a float64's high 32 bits are */
 #else
@@ -136,6 +142,20 @@ static ALWAYS_INLINE int32_t exponent(uint32_t u, int subnormals) {
     return field ? (int32_t)field - 127 : subnormal;
 }
 
+/* The one table of what each mode does: v (below 2^31) rounded at bit d (1 <= d <= 25), that is v >> d plus
+   what carries into the kept bits where the mode rounds up; sign (0 or 1) for up and down. */
+static ALWAYS_INLINE uint32_t round_at(int mode, uint32_t v, uint32_t d, uint32_t sign) {
+    const uint32_t low = (UINT32_C(1) << d) - 1, half = (low >> 1) + 1; /* the dropped bits; their half */
+    switch (mode) {
+    case NEAREST_EVEN: return (v + (half - 1) + ((v >> d) & 1)) >> d;
+    case NEAREST_AWAY: return (v + half) >> d;
+    case TOWARD_ZERO: return v >> d;
+    case UP: return (v + (low & (sign - 1))) >> d;
+    case DOWN: return (v + (low & (0 - sign))) >> d;
+    default: return (v >> d) | ((v & low) != 0); /* ODD */
+    }
+}
+
 /* Step 3 for one element: x's bits u (of exponent ex) divided by 2^s and rounded in `mode`: n quanta
    of the element's grid 2^q (in *q_out) and the sign, as n | sign << 31. n may be 2^(M+1) (a carry
    into the next binade) or beyond the element's max: the outputs below saturate. */
@@ -147,16 +167,7 @@ static ALWAYS_INLINE uint32_t round_element(const mx_t *k, uint32_t u, int32_t e
     const int32_t lsb = (int32_t)(field ? field : 1) - 150;           /* ... and x's last bit 2^lsb */
     int32_t D = q + s - lsb;                                          /* bits of x's significand to drop */
     D = D < 1 ? 1 : D > 25 ? 25 : D;                                  /* >= 1 where covered; 25: all */
-    const uint32_t low = (UINT32_C(1) << D) - 1, half = (low >> 1) + 1; /* the dropped bits; their half */
-    uint32_t n;
-    switch (mode) { /* add what carries into the kept bits where the mode rounds up, then drop */
-    case NEAREST_EVEN: n = (sig + (half - 1) + ((sig >> D) & 1)) >> D; break;
-    case NEAREST_AWAY: n = (sig + half) >> D; break;
-    case TOWARD_ZERO: n = sig >> D; break;
-    case UP: n = (sig + (low & (sign - 1))) >> D; break;
-    case DOWN: n = (sig + (low & (0 - sign))) >> D; break;
-    default: n = (sig >> D) | ((sig & low) != 0); break; /* ODD */
-    }
+    const uint32_t n = round_at(mode, sig, (uint32_t)D, sign);
     *q_out = q;
     return n | (sign << 31); /* n < 2^25 */
 }
@@ -197,6 +208,18 @@ static ALWAYS_INLINE uint32_t value_high_64(uint32_t r, int32_t q, int s, uint32
     return (bits < top ? bits : top) | (r & 0x80000000u);
 }
 
+/* Whether every nonzero element of a block is a float32 of exponent field `field` or more (field >= 1): then its
+   quotient by the block's scale is normal in the element format, and step 3 is the band's (run_blocks). */
+static ALWAYS_INLINE int in_band(const uint32_t *restrict xb, Py_ssize_t block, int field) {
+    if (field < 1) return 0;
+    uint32_t lowest = UINT32_MAX; /* the smallest |x| - 1 (bits), zeros wrapping to the top: a min that vectorises */
+    for (Py_ssize_t i = 0; i < block; i++) {
+        const uint32_t v = (xb[i] & 0x7fffffffu) - 1;
+        lowest = v < lowest ? v : lowest;
+    }
+    return lowest >= ((uint32_t)field << 23) - 1;
+}
+
 /* Steps 1 to 3 for `blocks` blocks of `block` elements, in `mode` into `output` (constants where
    inlined, so that each combination's element loop is vectorised on its own). */
 static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, void *restrict dst,
@@ -204,6 +227,7 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
                                      int output) {
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint32_t *xb = x + b * block;
+        for (Py_ssize_t i = 0; i < block; i += 16) __builtin_prefetch((const char *)(xb + i) + PREFETCH_AHEAD, 0, 3);
         const uint32_t amax = amax_bits(xb, block);
         const int s = scale_exponent(k, amax);
         const int nan = s > E8M0_HI;
@@ -220,8 +244,32 @@ static ALWAYS_INLINE void run_blocks(const mx_t *k, const uint32_t *restrict x, 
         }
         const int subnormals = s < -126 - k->emin;
         const uint32_t max_r = k->max_significand; /* the element's max, as round_element gives it */
-        const uint32_t top_32 = output == OUT_F32 ? value_bits_32(max_r, k->top_exp, s, UINT32_MAX) : 0;
+        /* the bits of max * 2^s in float32, where it is one (float64 values: 0 where it is not) */
+        const uint32_t top_32 = output == OUT_F32 || (output == OUT_F64 && k->emax + s <= 127)
+                                    ? value_bits_32(max_r, k->top_exp, s, UINT32_MAX) : 0;
         const uint32_t top_64 = output == OUT_F64 ? value_high_64(max_r, k->top_exp, s, UINT32_MAX) : 0;
+        if ((output != OUT_F64 || top_32) && in_band(xb, block, s + k->emin + 127)) {
+            /* The band: each quotient normal, so its grid is x's own at man_bits bits, and x's bit pattern is
+               rounded at the fixed bit d (a carry renormalises); dividing by 2^s only moves the exponent field
+               (rebias, modulo 2^32), and the value is the rounded x itself, a float32 up to max * 2^s (float64
+               values take the band where that is a float32 too). Zeros give zeros. */
+            const uint32_t d = 23 - (uint32_t)k->man_bits, rebias = (uint32_t)(127 + s - k->bias) << k->man_bits;
+            const uint32_t max_code = k->max_code, sign_shift = (uint32_t)k->sign_shift;
+            for (Py_ssize_t i = 0; i < block; i++) {
+                const uint32_t u = xb[i], a = u & 0x7fffffffu, sign = u >> 31, r = round_at(mode, a, d, sign);
+                if (output == OUT_F32 || output == OUT_F64) {
+                    const uint32_t v = r << d, bits = (v < top_32 ? v : top_32) | (sign << 31);
+                    if (output == OUT_F32) ((uint32_t *)dst)[at + i] = bits;
+                    else ((double *)dst)[at + i] = (double)bits_float(bits);
+                } else {
+                    const uint32_t magnitude = a ? r - rebias : 0;
+                    const uint32_t code = (magnitude < max_code ? magnitude : max_code) | (sign << sign_shift);
+                    if (output == OUT_CODES8) ((uint8_t *)dst)[at + i] = (uint8_t)code;
+                    else ((uint16_t *)dst)[at + i] = (uint16_t)code;
+                }
+            }
+            continue;
+        }
         for (Py_ssize_t j = 0; j < block; j += PIECE) { /* pieces of a long block */
             const Py_ssize_t m = block - j < PIECE ? block - j : PIECE;
             int32_t ex[PIECE];
@@ -376,7 +424,9 @@ static ALWAYS_INLINE void run_nvfp4(const uint32_t *restrict x, void *restrict d
     for (Py_ssize_t first = 0; first < blocks; first += NVFP4_GROUP) {
         const Py_ssize_t group = blocks - first < NVFP4_GROUP ? blocks - first : NVFP4_GROUP;
         for (Py_ssize_t k = 0; k < group; k++) { /* the scales: one chain each (amax, quotient, rounding) */
-            const uint32_t amax = amax_bits(x + (first + k) * block, block);
+            const uint32_t *xb = x + (first + k) * block;
+            for (Py_ssize_t i = 0; i < block; i += 16) __builtin_prefetch((const char *)(xb + i) + PREFETCH_AHEAD, 0, 3);
+            const uint32_t amax = amax_bits(xb, block);
             const float floored = bits_float(amax) > amax_floor ? bits_float(amax) : amax_floor;
             double s;
             scales[first + k] = (uint8_t)e4m3_nearest((double)floored / divisor, &s);

@@ -270,6 +270,43 @@ def test_compiled_mx_path_with_other_block_sizes(block):
         assert_codes(fpsim.encode(x, fmt), fmt, scales, elements, None)
 
 
+@pytest.mark.parametrize("name", MX_FLOAT)
+@pytest.mark.parametrize("rule", POW2_RULES)
+def test_compiled_mx_band_edge_and_ties_in_every_mode(name, rule):
+    # The compiled MX path rounds a block whose every nonzero quotient is normal in the element format at a
+    # fixed bit of x's pattern (the band), and any other block element by element. Blocks whose smallest
+    # nonzero element's quotient is exactly the element's min normal 2^emin (the band), or one float32 below
+    # it (not), holding zeros and elements on the element grid's ties and just beside them in every binade,
+    # against the oracle in every mode. The scale of each block is the oracle's.
+    element = fpsim.format(name).element
+    fmt = fpsim.format(name).with_rule(rule)
+    one = np.float32(1)
+    rows = []
+    for a in (-120, -3, 0, 7, 120):
+        amax = np.float32(np.ldexp(2 - 2.0**-20, a))
+        _, scales, _, _ = oracle(np.array([[amax]], dtype=np.float32), **spec(name, rule))
+        s = math.log2(scales[(0, 0)])
+        edge = np.float32(np.ldexp(1.0, element.emin + int(s)))
+        if not np.isfinite(edge) or edge == 0 or edge >= amax:
+            continue
+        ties = [np.ldexp((1 << element.man_bits) + j + 0.5, e - element.man_bits + int(s))
+                for e in range(element.emin, element.emax + 1) for j in (0, 1, (1 << element.man_bits) - 1)]
+        ties = np.array([t for t in ties if edge < t < amax], dtype=np.float32)
+        beside = np.concatenate([ties, np.nextafter(ties, 0 * one), np.nextafter(ties, 2 * ties)])
+        for smallest in (edge, np.nextafter(edge, 0 * one)):
+            row = np.zeros(32, dtype=np.float32)
+            row[:5] = [amax, smallest, -smallest, 0.0, -0.0]
+            fill = beside[: 27] if beside.size else np.zeros(0, dtype=np.float32)
+            row[5: 5 + fill.size] = fill * np.where(np.arange(fill.size) % 2, -one, one)
+            rows.append(row)
+    x = np.array(rows, dtype=np.float32)
+    assert x.shape[0] >= 4
+    for rounding in DETERMINISTIC:
+        want, scales, elements, _ = oracle(x, **spec(name, rule), rounding=rounding)
+        assert_same(fpsim.quantize(x, fmt, rounding), want)
+        assert_codes(fpsim.encode(x, fmt, rounding), fmt, scales, elements, None)
+
+
 def test_compiled_mx_mode_list_matches_the_mode_table():
     # the kernel's switch on the rounding mode takes kernel ids from fpsim.modes
     source = (Path(fpsim.__file__).parent / "_fastblocks.c").read_text()
