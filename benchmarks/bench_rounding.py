@@ -446,9 +446,10 @@ def small_section(env: Env) -> list[str]:
                          f"{t_tq * 1e6:8.1f} {t_trt * 1e6:8.1f} {t_trt / t_tq:6.2f} |")
             cells.append(f"{t_enc * 1e6:8.1f}" + ("" if t_ml is None else f" {t_ml * 1e6:9.1f} {t_ml / t_enc:6.2f}"))
             print(" ".join(cells), flush=True)
-            ratios += [(r, name, n, peer) for r, peer in ((None if t_ml_rt is None else t_ml_rt / t_q, "ml_dtypes"),
-                                                           (None if t_tq is None else t_trt / t_tq, "torch"))
-                       if r is not None]
+            if t_ml_rt is not None:
+                ratios.append((t_ml_rt / t_q, name, n, "ml_dtypes"))
+            if t_tq is not None:
+                ratios.append((t_trt / t_tq, name, n, "torch"))
     print()
     summary = ["small arrays, quantize per call against the peers' round trips, smallest ratio: "
                + worst(ratios, lambda r, name, n, peer: f"{name} {n} values against {peer}, {r:.2f}")]
