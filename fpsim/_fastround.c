@@ -6,11 +6,13 @@
  *
  *   1. decompose  the sign and the magnitude's bits in the layout of a working
  *                 float: float32 (W = 32) for float32 input (and for block
- *                 formats' float64 quotients, rounded to odd at float32's
+ *                 formats' float64 quotients and float64 input's codes in
+ *                 deterministic modes, rounded to odd at float32's
  *                 precision: the second rounding then gives the correctly
- *                 rounded result); float64 (W = 64) for float64 input (read
- *                 and written in place: one pass, which measured faster than
- *                 narrowing it to float32 first), for integers (exact up to
+ *                 rounded result); float64 (W = 64) for float64 input's
+ *                 values and stochastic rounding (read and written in place:
+ *                 one pass, which measured faster than narrowing it to
+ *                 float32 and widening the results), for integers (exact up to
  *                 2^53; larger ones go to the general path) and for float32
  *                 input of formats whose normal range reaches below float32's;
  *   2. grid       from the format's min normal up (the band) the format keeps
