@@ -296,7 +296,7 @@ def test_compiled_mx_band_edge_and_ties_in_every_mode(name, rule):
         for smallest in (edge, np.nextafter(edge, 0 * one)):
             row = np.zeros(32, dtype=np.float32)
             row[:5] = [amax, smallest, -smallest, 0.0, -0.0]
-            fill = beside[: 27] if beside.size else np.zeros(0, dtype=np.float32)
+            fill = beside[:27]
             row[5: 5 + fill.size] = fill * np.where(np.arange(fill.size) % 2, -one, one)
             rows.append(row)
     x = np.array(rows, dtype=np.float32)
