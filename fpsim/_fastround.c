@@ -513,19 +513,38 @@ static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, 
 
 /* Float64 input into float32's own format (fpsim/_native.py _casts): one conversion by the hardware in the
    mode's rounding direction (MXCSR; odd: toward zero, then the last bit set where converting back differs, as
-   narrow_to_odd), then the engine's answers where the kernel's passes would give them: a NaN, Inf or zero
+   narrow_to_odd; nearest-away: toward zero, then up where the rest reaches half the spacing, away_from), then the engine's answers where the kernel's passes would give them: a NaN, Inf or zero
    input; overflow (a finite input of 2^128 or more, or one the conversion took to Inf, which is exactly where
    the mode's rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
    flush_subnormal_outputs); an input below min normal with flush_subnormal_inputs. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)))
+/* Nearest with ties away from zero, which the conversion lacks: res holds x converted toward zero (RZ), and
+   its magnitude goes one float32 up (the next bit pattern: carries into the exponent, and past max to Inf,
+   as rounding does) where |x| - |res|, exact in float64, is at least half the spacing above |res| (both
+   exact too; above max, where the next pattern is Inf, half the spacing is 2^103, as if the exponent went on).
+   NaN and Inf inputs compare false and stay as converted. */
+__attribute__((target("avx2"))) static ALWAYS_INLINE __m128i away_from(__m256d x, __m128i res) {
+    const __m128i next = _mm_add_epi32(res, _mm_set1_epi32(1));
+    const __m256d below = _mm256_cvtps_pd(_mm_castsi128_ps(res)), above = _mm256_cvtps_pd(_mm_castsi128_ps(next));
+    const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m256d rest = _mm256_and_pd(_mm256_sub_pd(x, below), magnitude);
+    const __m256d half = _mm256_min_pd(_mm256_and_pd(_mm256_mul_pd(_mm256_sub_pd(above, below), _mm256_set1_pd(0.5)),
+                                                     magnitude), _mm256_set1_pd(0x1p103));
+    const __m256i up = _mm256_castpd_si256(_mm256_cmp_pd(rest, half, _CMP_GE_OQ));
+    const __m128i up32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(up, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+    return _mm_blendv_epi8(res, next, up32);
+}
+
 /* Four elements: x, their float64 bits, into float32 bits (MXCSR set by the caller). The common case takes
    no answer (one test for the four, on the results alone): a result strictly between float32's min normal
    and its max comes from a finite input in float32's normal range that neither overflows nor is flushed
    (the inputs that do give those two values, Inf, NaN, zero or a subnormal). */
-__attribute__((target("avx2"))) static ALWAYS_INLINE __m128i cast_four(const kernel_t *k, const int odd, __m256d x) {
+__attribute__((target("avx2"))) static ALWAYS_INLINE __m128i cast_four(const kernel_t *k, const int odd, const int away,
+                                                                     __m256d x) {
     const __m128 y = _mm256_cvtpd_ps(x);
     __m128i res = _mm_castps_si128(y);
+    if (away) res = away_from(x, res);
     if (odd) res = _mm_or_si128(res, _mm_srli_epi32(NARROW_MASK(_mm256_castpd_si256(
                                                     _mm256_cmp_pd(_mm256_cvtps_pd(y), x, _CMP_NEQ_UQ))), 31));
     const __m128i magnitude = _mm_and_si128(res, _mm_set1_epi32(0x7fffffff));
@@ -552,7 +571,8 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE __m128i cast_four(const ker
 #undef NARROW_MASK
 
 /* wide: the results as float64 values (exactly), else as float32 bits. */
-__attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel_t *k, const int odd, const int wide,
+__attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel_t *k, const int odd, const int away,
+                                                                     const int wide,
                                                                      const uint64_t *restrict src,
                                                                      void *restrict out, Py_ssize_t n) {
     Py_ssize_t i = 0;
@@ -560,10 +580,11 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel
         for (; i + 8 <= n; i += 8) {
             const __m256d x0 = _mm256_loadu_pd((const double *)src + i), x1 = _mm256_loadu_pd((const double *)src + i + 4);
             __m128i r0 = _mm_castps_si128(_mm256_cvtpd_ps(x0)), r1 = _mm_castps_si128(_mm256_cvtpd_ps(x1));
+            if (away) r0 = away_from(x0, r0), r1 = away_from(x1, r1);
             const __m256i magnitude = _mm256_and_si256(_mm256_set_m128i(r1, r0), _mm256_set1_epi32(0x7fffffff));
             const __m256i ordinary = _mm256_and_si256(_mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x00800000)),
                                                       _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f7fffff), magnitude));
-            if (_mm256_movemask_epi8(ordinary) != -1) r0 = cast_four(k, 0, x0), r1 = cast_four(k, 0, x1);
+            if (_mm256_movemask_epi8(ordinary) != -1) r0 = cast_four(k, 0, away, x0), r1 = cast_four(k, 0, away, x1);
             if (wide) {
                 _mm256_storeu_pd((double *)out + i, _mm256_cvtps_pd(_mm_castsi128_ps(r0)));
                 _mm256_storeu_pd((double *)out + i + 4, _mm256_cvtps_pd(_mm_castsi128_ps(r1)));
@@ -573,7 +594,7 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel
         }
     }
     for (; i + 4 <= n; i += 4) {
-        const __m128i res = cast_four(k, odd, _mm256_loadu_pd((const double *)src + i));
+        const __m128i res = cast_four(k, odd, away, _mm256_loadu_pd((const double *)src + i));
         if (wide) _mm256_storeu_pd((double *)out + i, _mm256_cvtps_pd(_mm_castsi128_ps(res)));
         else _mm_storeu_si128((__m128i *)((uint32_t *)out + i), res);
     }
@@ -581,7 +602,7 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel
         double last[4] = {0.0, 0.0, 0.0, 0.0}, wide_res[4];
         uint32_t res[4];
         memcpy(last, src + i, (size_t)(n - i) * sizeof(double));
-        const __m128i r = cast_four(k, odd, _mm256_loadu_pd(last));
+        const __m128i r = cast_four(k, odd, away, _mm256_loadu_pd(last));
         _mm_storeu_si128((__m128i *)res, r);
         _mm256_storeu_pd(wide_res, _mm256_cvtps_pd(_mm_castsi128_ps(r)));
         if (wide) memcpy((double *)out + i, wide_res, (size_t)(n - i) * sizeof(double));
@@ -592,15 +613,18 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE void cast_loop(const kernel
 __attribute__((target("avx2"))) static void cast_chunk(const kernel_t *k, const uint64_t *restrict src,
                                                        void *restrict out, Py_ssize_t n, int wide) {
     static const unsigned rounding_control[MODE_COUNT] = {
-        [NEAREST_EVEN] = 0x0000u, [DOWN] = 0x2000u, [UP] = 0x4000u, [TOWARD_ZERO] = 0x6000u, [ODD] = 0x6000u};
+        [NEAREST_EVEN] = 0x0000u, [DOWN] = 0x2000u, [UP] = 0x4000u, [TOWARD_ZERO] = 0x6000u, [ODD] = 0x6000u,
+        [NEAREST_AWAY] = 0x6000u};
     const unsigned saved = _mm_getcsr();
     _mm_setcsr(0x1F80u | rounding_control[k->mode]); /* all exceptions masked, no flush to zero */
     if (wide) {
-        if (k->mode == ODD) cast_loop(k, 1, 1, src, out, n);
-        else cast_loop(k, 0, 1, src, out, n);
+        if (k->mode == ODD) cast_loop(k, 1, 0, 1, src, out, n);
+        else if (k->mode == NEAREST_AWAY) cast_loop(k, 0, 1, 1, src, out, n);
+        else cast_loop(k, 0, 0, 1, src, out, n);
     } else {
-        if (k->mode == ODD) cast_loop(k, 1, 0, src, out, n);
-        else cast_loop(k, 0, 0, src, out, n);
+        if (k->mode == ODD) cast_loop(k, 1, 0, 0, src, out, n);
+        else if (k->mode == NEAREST_AWAY) cast_loop(k, 0, 1, 0, src, out, n);
+        else cast_loop(k, 0, 0, 0, src, out, n);
     }
     _mm_setcsr(saved);
 }
@@ -806,7 +830,7 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
     const int narrowed = k->mode != STOCHASTIC && k->input == (blocks ? IN_F32 : IN_F64);
     if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
         if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
-            (k->mode != NEAREST_EVEN && k->mode != TOWARD_ZERO && k->mode != UP && k->mode != DOWN && k->mode != ODD) ||
+            k->mode < 0 || k->mode >= MODE_COUNT || k->mode == STOCHASTIC ||
             k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4))
             return "parameters out of range";
     } else if ((k->width != 32 && k->width != 64) || k->mode < 0 || k->mode >= MODE_COUNT || k->band_mode < 0 ||

@@ -80,8 +80,9 @@ def _fits(fmt: Format, width: int) -> bool:
             and fmt.max >= 2 ** (1 - bias))
 
 
-# the rounding modes the hardware's float64 -> float32 conversion has (odd: toward zero and a sticky bit)
-_CAST_MODES = ("nearest_even", "toward_zero", "up", "down", "odd")
+# the rounding modes the hardware's float64 -> float32 conversion gives (odd: toward zero and a sticky bit;
+# nearest_away: toward zero, then up where the rest is at least half the spacing)
+_CAST_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 
 
 def _casts(fmt: Format, rounding: str) -> bool:

@@ -117,7 +117,8 @@ def test_kernel_covers_the_expected_presets():
     assert _native.route(np.float64, PRESETS["bf16"], "stochastic") == (64, "working")
     assert _native.route(np.float64, PRESETS["tf32"]) == (64, "working")
     assert _native.route(np.float64, PRESETS["fp32"]) == (32, "float64")  # the hardware's conversion (_casts)
-    assert _native.route(np.float64, PRESETS["fp32"], "nearest_away") == (64, "working")
+    assert _native.route(np.float64, PRESETS["fp32"], "nearest_away") == (32, "float64")  # toward zero, then up
+    assert _native.route(np.float64, PRESETS["fp32"], "stochastic") == (64, "working")
     assert not _native.covers(np.float64, PRESETS["fp64"]) and not _native.covers(np.float16, PRESETS["e4m3"])
 
 
@@ -202,7 +203,7 @@ def test_kernel_matches_numpy_engine_for_formats_beyond_float32(fmt, rounding):
 
 # float32's own format, whose float64 input the hardware converts (_native._casts), and a twin by fields
 FLOAT32_TWINS = [PRESETS["fp32"], Format(8, 23, name="e8m23")]
-CAST_MODES = ("nearest_even", "toward_zero", "up", "down", "odd")
+CAST_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "odd")
 
 
 def _float32_edge_inputs() -> np.ndarray:
@@ -367,7 +368,7 @@ def test_kernel_refuses_the_cast_outside_the_hardwares_modes():
     dst = np.empty(x.size, dtype=np.uint32)
     _fastround.round_array(x.view(np.uint8), dst.view(np.uint8), params)
     assert_same_codes(dst, x.astype(np.float32).view(np.uint32))
-    for change in ({"mode": MODES["nearest_away"].kernel_id}, {"mode": MODES["stochastic"].kernel_id},
+    for change in ({"mode": MODES["stochastic"].kernel_id}, {"mode": -1}, {"mode": len(MODES)},
                    {"input": 1}, {"width": 64}, {"code_bytes": 2}, {"cast": 2}):
         bad = struct.pack(layout, *(dict(values, **change)[name] for name in names))
         with pytest.raises(ValueError, match="out of range"):
