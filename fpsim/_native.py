@@ -72,8 +72,9 @@ def warn_once_without_kernel() -> None:
 
 def _fits(fmt: Format, width: int) -> bool:
     """Whether the kernel rounds to `fmt` in this working float: one bit or more is dropped, the
-    format's max and its finest spacing are the float's numbers, and its band (from min normal up)
-    reaches the float's normal range."""
+    format's max and its least nonzero magnitude are the float's numbers, and its band (from min normal
+    up) reaches the float's normal range. (A format without subnormals may be finer than the float in
+    its lowest binade: every input of the float's own grid there is the format's already.)"""
     P, bias, _, _ = _LAYOUT[width]
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
     return (fmt.man_bits <= P - 1 and fmt.emax <= bias and quantum_exp >= 1 - bias - P
@@ -98,9 +99,10 @@ def _rounds_after_odd(fmt: Format, rounding: str) -> bool:
     """Whether rounding a float64 to odd at float32's precision, then into `fmt`, is rounding it into `fmt`
     once: a deterministic mode, a format the float32 kernel rounds to with at most 21 mantissa bits (its
     values all have an even last bit in float32) and a finest spacing of 2^-147 or coarser (two bits above
-    float32's subnormal grid). Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
-    algorithms using rounding to odd", IEEE TC 2008."""
-    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    float32's subnormal grid; the spacing of its lowest binade, with subnormals or without: a float64
+    input there is rounded to odd on float32's grid first). Boldo and Melquiond, "Emulation of FMA and
+    correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008."""
+    quantum_exp = fmt.emin - fmt.man_bits
     return (not MODES[rounding].stochastic and _fits(fmt, 32) and fmt.man_bits <= 21 and quantum_exp >= -147)
 
 
@@ -243,9 +245,10 @@ def run(array: np.ndarray, fmt: Format, *, rounding, saturate, flush_inputs, flu
 def covers_blocks(fmt: Format, rounding: str) -> bool:
     """Whether `run_blocks` rounds float32 quotients into `fmt`: deterministic modes, where rounding
     the float64 quotient to odd at float32's precision first is exact (formats of at most 21 mantissa
-    bits, whose values all have an even last bit in float32), and the format's finest spacing, 2^-125 or
-    coarser, leaves float32's subnormals below its first rounding boundary (so that a power-of-two
-    divisor may multiply in float32)."""
+    bits, whose values all have an even last bit in float32), and the format's first rounding boundary
+    at 2^-126 or above (its finest spacing 2^-125 or coarser; without subnormals, its min normal), so
+    that float32's subnormals lie below it and a power-of-two divisor may multiply in float32 (the
+    kernel keeps a quotient that rounded up onto 2^-126 below it)."""
     quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
     return _fastround is not None and _rounds_after_odd(fmt, rounding) and quantum_exp >= -125
 

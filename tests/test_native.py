@@ -305,16 +305,28 @@ def test_float64_rounds_once_at_the_boundaries_a_float32_intermediate_gets_wrong
         assert np.array_equal(np.signbit(got[nan]), expected_nan_sign(fmt, np.signbit(x[nan])))
 
 
+# formats whose finest spacing is at float32's limit for odd rounding (2^-147) or just past it (2^-148, 2^-150,
+# 2^-151: the float64 passes), with subnormals and without (then the spacing of the lowest normal binade)
+FINEST_SPACING_FORMATS = [Format(8, 7, bias=141, name="e8m7_b141"),
+                          Format(8, 7, bias=141, subnormals=False, name="e8m7_b141_nosub"),
+                          Format(8, 8, bias=141, name="e8m8_b141"),
+                          Format(8, 3, bias=148, subnormals=False, name="e8m3_b148_nosub"),
+                          Format(8, 10, bias=140, subnormals=False, name="e8m10_b140_nosub")]
+
+
+@pytest.mark.parametrize("fmt", FINEST_SPACING_FORMATS, ids=fmt_id)
 @pytest.mark.parametrize("rounding", DETERMINISTIC)
-def test_float64_codes_rounded_to_odd_at_the_finest_spacing_float32_allows(rounding):
-    """The narrowest margin of float64 codes through float32 lanes: a format whose spacing is 2^-147, two
-    bits above float32's subnormal grid, so that its midpoints among its own subnormals are float32
-    subnormals and rounding to odd there must not land on one. Its codes at the double-rounding traps of
-    its subnormals and first normals, against the oracle (exact.round_value, exact.encode_value)."""
-    fmt = Format(8, 7, bias=141, name="e8m7_b141")
-    assert fmt.emin - fmt.man_bits == -147 and _native.route(np.float64, fmt, rounding, codes=True) == (32, "float64")
-    codes = np.concatenate([np.arange(0, 300, dtype=np.uint64), np.arange(0, 300, dtype=np.uint64) | (1 << 15)])
-    x = _double_rounding_traps(fmt, codes)
+def test_float64_codes_at_the_finest_spacing_float32_allows(fmt, rounding):
+    """The narrowest margin of float64 codes through float32 lanes: a format whose finest spacing is 2^-147,
+    two bits above float32's subnormal grid, so that its midpoints there are float32 subnormals and rounding
+    to odd must not land on one; finer formats take the float64 passes (a format without subnormals whose
+    lowest binade was taken for its min normal went through float32 lanes and came back one code off).
+    Codes at the double-rounding traps of the lowest codes, against the oracle (exact.round_value,
+    exact.encode_value)."""
+    lanes = (32, "float64") if fmt.emin - fmt.man_bits >= -147 else (64, "working")
+    assert _native.route(np.float64, fmt, rounding, codes=True) == lanes
+    codes = np.concatenate([np.arange(0, 300, dtype=np.uint64), np.arange(0, 300, dtype=np.uint64) | (1 << (fmt.bits - 1))])
+    x = _double_rounding_traps(fmt, codes % (1 << fmt.bits))
     x = np.concatenate([x, x / 3, np.nextafter(x / 3, 0)])
     expected = np.array([exact.encode_value(exact.round_value(float(v), fmt, rounding), fmt) for v in x],
                         dtype=np.uint64)
