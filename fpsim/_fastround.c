@@ -513,9 +513,10 @@ static void narrow_to_odd(const uint64_t *restrict src, uint32_t *restrict out, 
 
 /* Float64 input into float32's own format (fpsim/_native.py _casts): one conversion by the hardware in the
    mode's rounding direction (MXCSR; odd: toward zero, then the last bit set where converting back differs, as
-   narrow_to_odd; nearest-away: toward zero, then up where the rest reaches half the spacing, away_from), then the engine's answers where the kernel's passes would give them: a NaN, Inf or zero
-   input; overflow (a finite input of 2^128 or more, or one the conversion took to Inf, which is exactly where
-   the mode's rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
+   narrow_to_odd; nearest-away: toward zero, then up where the rest reaches half the spacing, away_from), then
+   the engine's answers where the kernel's passes would give them: a NaN, Inf or zero input; overflow (a
+   finite input of 2^128 or more, or one the conversion took to Inf, which is exactly where the mode's
+   rounding exceeds float32's max); a result below zero_below (rounded to zero, or subnormal with
    flush_subnormal_outputs); an input below min normal with flush_subnormal_inputs. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #define NARROW_MASK(m64) _mm256_castsi256_si128(_mm256_permutevar8x32_epi32((m64), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)))
@@ -681,15 +682,22 @@ static void store(const kernel_t *k, const void *results, void *dst, Py_ssize_t 
    as float32 working bits rounded exactly for the caller's formats (fpsim/_native.py covers_blocks: at
    most 21 mantissa bits, finest spacing 2^-125 or coarser).
    A power-of-two s: x * (1 / s) in float32, exact unless the quotient leaves float32's normal range;
-   below it, where every quotient rounds as any nonzero one of its sign, a quotient that underflowed to
-   0 becomes float32's smallest subnormal; beyond it, one that overflowed becomes float32's max (which
-   overflows, or saturates, exactly where the quotient does).
+   below it, where every quotient rounds as any nonzero one of its sign (2^-126, float32's min normal, is
+   the formats' first rounding boundary at most), a quotient that underflowed to 0 becomes float32's
+   smallest subnormal and one that rounded up onto 2^-126 the largest (a tie there would round away from
+   zero); beyond it, one that overflowed becomes float32's max (which overflows, or saturates, exactly
+   where the quotient does).
    Another s (at most 28 significant bits: an E4M3 block scale times an FP32 tensor scale): the float64
    quotient, correctly rounded, rounded to odd at float32's precision like float64 input. x / s is
    either a decision point of the format (then exact) or further from one than float64's rounding
    moves it (fpsim/quotient.py), so that the second rounding is the correct one. */
 MULTIVERSION_512 static void scale_by_power_of_two(const uint32_t *restrict x, float r, Py_ssize_t n,
                                                    uint32_t *restrict out) {
+    /* the magnitude whose quotient is 2^-126 exactly (none, where 2^-126 / r is not a float32) */
+    const double exact_min_normal = ldexp(1.0, -126) / (double)r;
+    const float exact_f = (float)exact_min_normal;
+    uint32_t exact_bits = UINT32_MAX;
+    if ((double)exact_f == exact_min_normal) memcpy(&exact_bits, &exact_f, sizeof exact_bits);
     for (Py_ssize_t i = 0; i < n; i++) {
         float xf, q;
         memcpy(&xf, &x[i], sizeof xf);
@@ -698,7 +706,9 @@ MULTIVERSION_512 static void scale_by_power_of_two(const uint32_t *restrict x, f
         memcpy(&qb, &q, sizeof qb);
         const uint32_t qmag = qb & 0x7fffffffu, xmag = x[i] & 0x7fffffffu;
         const uint32_t underflow = (qmag == 0) & (xmag != 0), overflow = (qmag == 0x7f800000u) & (xmag < 0x7f800000u);
-        out[i] = (qb | underflow) - overflow; /* the smallest subnormal, or the max (Inf's bits minus one) */
+        const uint32_t onto_min_normal = (qmag == 0x00800000u) & (xmag != exact_bits);
+        /* the smallest subnormal; the max (Inf's bits minus one); the largest subnormal (2^-126's minus one) */
+        out[i] = (qb | underflow) - overflow - onto_min_normal;
     }
 }
 
@@ -828,7 +838,7 @@ static const char *check(const kernel_t *k, Py_ssize_t params_len, Py_ssize_t sr
     const int P_ = k->width == 32 ? 23 : 52;
     /* float32 working bits rounded to odd: block formats' quotients of float32 input, or float64 input */
     const int narrowed = k->mode != STOCHASTIC && k->input == (blocks ? IN_F32 : IN_F64);
-    if (k->cast) { /* the hardware's conversion: its rounding directions, and odd */
+    if (k->cast) { /* the hardware's conversion: its rounding directions, odd and nearest-away */
         if (blocks || !has_cast() || k->cast != 1 || k->width != 32 || k->input != IN_F64 ||
             k->mode < 0 || k->mode >= MODE_COUNT || k->mode == STOCHASTIC ||
             k->output < OUT_F32 || k->output > OUT_CODES || (k->output == OUT_CODES && k->code_bytes != 4))

@@ -104,7 +104,10 @@ def block_scale(amax, element, scale, rule, tensor=Fraction(1), amax_floor=0):
             e = exact.floor_log2(math.floor(amax / step + Fraction(1, 2)) * step)
         return _pow2(e - emax, scale_fmt, overflow_nan=True)
     if rule == "rceil":
-        descale = Fraction(exact.round_value(amax / _element_max(element), "fp32"))
+        descale = exact.round_value(amax / _element_max(element), "fp32")
+        if math.isinf(descale):    # fl32 overflows (float64 input): the conversion saturates, as beyond 2^127
+            return Fraction(2) ** scale_fmt.emax
+        descale = Fraction(descale)
         return Fraction(2) ** scale_fmt.emin if descale == 0 else _pow2(_ceil_log2(descale), scale_fmt, False)
     if rule == "nearest":
         amax = max(amax, Fraction(amax_floor))

@@ -81,9 +81,9 @@ def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, s
             if narrow:
                 q = q.astype(np.float32)
         if pow2 and x.dtype == np.float32:
-            # exact unless the quotient underflows (possible only for divisors above 2), where
-            # only 0 is near a decision point
-            check = np.flatnonzero(q == 0) if np.max(product) > 2 else None
+            # exact unless the quotient leaves float32's normal range below (possible only for divisors
+            # above 1), where only 0 and 2^-126 (float32's min normal) are near a decision point
+            check = np.flatnonzero((q == 0) | (np.abs(q) == 2.0**-126)) if np.max(product) > 1 else None
         else:
             check = np.flatnonzero(quantize_values(q, finer, "toward_zero", saturate=True) == q)
     if check is not None and check.size:

@@ -307,6 +307,50 @@ def test_compiled_mx_band_edge_and_ties_in_every_mode(name, rule):
         assert_codes(fpsim.encode(x, fmt, rounding), fmt, scales, elements, None)
 
 
+@pytest.mark.parametrize("element", [fpsim.Format(7, 3, bias=123, name="e7m3_b123"),
+                                     fpsim.Format(7, 3, bias=126, subnormals=False, name="e7m3_b126_nosub")],
+                         ids=lambda f: f.name)
+def test_quotients_at_float32s_min_normal(element):
+    # Custom elements whose first rounding boundary is 2^-126, float32's min normal (the finest the compiled
+    # path takes): a power-of-two divide in float32 rounded a quotient just below 2^-126 up onto it, a tie
+    # that nearest_away broke away from zero, and a float32 min subnormal divided by 2 down to 0 (in numpy's
+    # path, which `up` then kept at 0). Blocks whose elements sit on and beside 2^-126 times their scale,
+    # and float32's least subnormals, in the compiled layout (axis -1) and numpy's (axis 0), against the
+    # oracle in every deterministic mode.
+    fmt = BlockFormat(element, "e8m0", 32, name=f"{element.name}x32")
+    one = np.float32(1)
+    rows = []
+    for amax in (np.float32(16), np.float32(1.5)):
+        _, scales, _, _ = oracle(np.array([[amax]], dtype=np.float32), element, "e8m0", (32,), "floor")
+        edge = np.float32(2.0**-126 * scales[(0, 0)])
+        near = [np.nextafter(edge, 0 * one), edge, np.nextafter(edge, one), np.nextafter(np.nextafter(edge, 0 * one), 0 * one)]
+        tiny = [np.float32(2.0**-149), np.float32(3 * 2.0**-149), np.float32(2.0**-148)]
+        row = np.zeros(32, dtype=np.float32)
+        values = np.array(near + tiny, dtype=np.float32)
+        row[0], row[1:1 + values.size], row[1 + values.size:1 + 2 * values.size] = amax, values, -values
+        rows.append(row)
+    x = np.array(rows, dtype=np.float32)
+    for rounding in DETERMINISTIC:
+        want, scales, elements, _ = oracle(x, element, "e8m0", (32,), "floor", rounding=rounding)
+        assert_same(fpsim.quantize(x, fmt, rounding), want)
+        assert_codes(fpsim.encode(x, fmt, rounding), fmt, scales, elements, None)
+        assert_same(fpsim.quantize(x.T.copy(), fmt, rounding, axis=0), want.T)
+
+
+def test_rceil_saturates_where_fl32_of_the_quotient_overflows():
+    # float64 blocks whose amax / max_elem is beyond float32: fl32 of it is Inf, and rceil's conversion
+    # saturates to 2^127 (docs/blocks.md); the oracle (which raised on Inf here) and fpsim agree
+    x = np.zeros((3, 32))
+    x[0, :3] = [1e300, 1.0, -3e299]
+    x[1, :2] = [np.nextafter(448 * 2.0**128, 0), 2.0**100]
+    x[2, :2] = [448 * 2.0**127, -1.0]
+    want, scales, elements, _ = oracle(x, **spec("mxfp8_e4m3", "rceil"))
+    assert scales[(0, 0)] == scales[(1, 0)] == scales[(2, 0)] == Fraction(2) ** 127
+    fmt = fpsim.format("mxfp8_e4m3").with_rule("rceil")
+    assert_same(fpsim.quantize(x, fmt), want)
+    assert_codes(fpsim.encode(x, fmt), fmt, scales, elements, None)
+
+
 def test_compiled_mx_mode_list_matches_the_mode_table():
     # the kernel's switch on the rounding mode takes kernel ids from fpsim.modes
     source = (Path(fpsim.__file__).parent / "_fastblocks.c").read_text()
