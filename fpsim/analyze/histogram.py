@@ -163,7 +163,7 @@ class Log2Counter:
     def _count_on_device(self, x, mass: bool):
         import torch
 
-        flat = x.reshape(-1)
+        flat = x.resolve_neg().reshape(-1)       # (a negative-bit view's bits are not its values')
         if flat.dtype == torch.float64:
             raw = self._bincount(self._index_f64(flat), 8192)
             counts = torch.zeros(RAW_SIZE, dtype=torch.int64, device=raw.device).index_add_(

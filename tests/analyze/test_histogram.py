@@ -63,6 +63,20 @@ def test_amax_is_exact_and_propagates_nan():
     assert math.isnan(float(amax))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_negative_bit_views_count_as_their_values(dtype):
+    # a tensor whose negation is lazy (torch._neg_view; the kernel does not read these) raised in the
+    # torch path, which read its bits; it counts as the values it holds
+    v = torch.tensor([-3.5, 2.0, 1e-30, 0.0, -0.0, float("inf")], dtype=dtype)
+    view = torch._neg_view(v)
+    assert view.is_neg()
+    for kernel in (True, False):
+        counts, amax, mass = Log2Counter(kernel=kernel).count(view, mass=True)
+        want_counts, want_amax, want_mass = Log2Counter(kernel=kernel).count(-v, mass=True)
+        assert torch.equal(torch.as_tensor(counts), torch.as_tensor(want_counts))
+        assert float(amax) == float(want_amax) and torch.equal(torch.as_tensor(mass), torch.as_tensor(want_mass))
+
+
 def test_json_round_trip():
     values = awkward_values(5000, 4)
     hist = observed(torch.from_numpy(values))
