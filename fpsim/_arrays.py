@@ -282,8 +282,8 @@ def result_format(in_fmt: Format | None, fmt: Format) -> Format:
     """The dtype a result comes back in: the input's own when it holds every value of `fmt`."""
     candidates = [in_fmt] if in_fmt is not None else []
     candidates += [PRESETS["fp32"], PRESETS["fp64"]] if in_fmt is not None else [PRESETS["fp64"]]
-    for candidate in candidates:
-        if candidate.contains(fmt):
+    for candidate in candidates:   # (and its infinities: E4M3FN holds E4M3 IEEE's finite values, not its Inf)
+        if candidate.contains(fmt) and (candidate.infinities or not fmt.infinities):
             return candidate
     return PRESETS["fp64"]
 
@@ -334,15 +334,35 @@ class Ops:
     def astype(self, x, dtype: str):
         """x converted to the dtype named `dtype` ('float64', 'float32', 'int16', ...)."""
         if self.torch:
-            return x.to(getattr(self._torch, dtype))
+            return self._nan_signs_kept(x.to(getattr(self._torch, dtype)), x)
         return np.asarray(x).astype(dtype, copy=False)
 
     def as_dtype_of(self, x, fmt: Format):
         """x in the native dtype that holds `fmt` (torch dtype, or numpy/ml_dtypes type)."""
         if self.torch:
-            return x.to(fmt.torch_dtype)
+            return self._nan_signs_kept(x.to(fmt.torch_dtype), x)
         target = np.dtype(fmt.ml_dtype)
         return x if x.dtype == target else x.astype(target)
+
+    def _nan_signs_kept(self, out, source):
+        """A torch cast's result with each NaN the quiet NaN of the sign of the NaN it came from (as numpy's
+        casts give): torch's casts to bfloat16 give every NaN one pattern, and float16 ones lose a NaN's
+        sign outside their vector loop."""
+        torch = self._torch
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+        quiet = {torch.float16: 0x7E00, torch.bfloat16: 0x7FC0, torch.float32: 0x7FC00000,
+                 torch.float64: 0x7FF8000000000000}
+        if out is source or out.dtype not in quiet or source.element_size() not in ints or \
+                not source.is_floating_point():
+            return out
+        nan = torch.isnan(source)
+        if out.device.type == "cpu" and not bool(nan.any()):
+            return out
+        negative = source.view(ints[source.element_size()]) < 0
+        kind = ints[out.element_size()]
+        positive = torch.tensor(quiet[out.dtype], dtype=kind, device=out.device)
+        signed = torch.where(negative, positive | torch.iinfo(kind).min, positive)
+        return torch.where(nan, signed, out.view(kind)).view(out.dtype)
 
     def check_same(self, x, name: str) -> None:
         """TypeError unless `x` is of this backend (numpy with numpy, torch with torch)."""
@@ -385,7 +405,7 @@ class Ops:
         return np.empty(tuple(shape), dtype=np.dtype(dtype.ml_dtype) if isinstance(dtype, Format) else dtype)
 
     def is_floating(self, x) -> bool:
-        return x.is_floating_point() if self.torch else x.dtype.kind == "f"
+        return x.is_floating_point() if self.torch else _numpy_format(x.dtype) is not None or x.dtype.kind == "f"
 
     def isnan(self, x):
         return self._torch.isnan(x) if self.torch else np.isnan(x)
@@ -449,7 +469,9 @@ class Ops:
 
     def from_host(self, array: np.ndarray):
         """A host numpy array as this backend's array (on its device)."""
-        return self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device) if self.torch else array
+        if not self.torch:
+            return array
+        return self._torch.from_numpy(np.ascontiguousarray(array).reshape(array.shape)).to(self.device)  # (0-d too)
 
     # reductions --------------------------------------------------------
     def amax(self, x, axis: int = -1):

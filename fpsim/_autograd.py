@@ -37,5 +37,5 @@ def straight_through(x, rounded, fmt: Format, how: str):
     """`rounded` (the values of quantize(x.detach())) attached to x's graph as `how` says."""
     mask = None
     if how == "clipped":
-        mask = x.detach().abs() <= float(fmt.max)  # False for Inf and NaN as well
+        mask = x.detach().double().abs() <= float(fmt.max)  # in float64, which holds every max: False for Inf and NaN
     return _StraightThrough.apply(x, rounded, mask)

@@ -317,3 +317,62 @@ np.save(sys.argv[1], np.concatenate([q.view(np.uint32).astype(np.int64), c.astyp
 def test_fraction_inputs_stay_refused_with_the_allowed_list():
     with pytest.raises(TypeError, match="allowed"):
         quantize(Fraction(1, 3), "e4m3")
+
+
+# ------------------------------------------- conversions at the edges of torch's and ml_dtypes' casts
+@requires_torch
+@pytest.mark.parametrize("dtype, nan_bits", [("bfloat16", (0x7FC0, -0x0040)), ("float16", (0x7E00, -0x0200))])
+@pytest.mark.parametrize("length", [1, 7, 9])
+def test_torch_16_bit_nans_and_overflows_keep_their_sign(dtype, nan_bits, length):
+    # torch's casts from float32 to bfloat16 give every NaN one pattern, and float16's lose a NaN's sign
+    # outside their vector loop (tensors under 8 elements, tails): a NaN result keeps the input's sign, as
+    # on numpy input (README), and an overflow to E4M3's NaN has the sign of the value (oracle: 0x7f/0xff)
+    tdtype = getattr(torch, dtype)
+    nans = torch.tensor(list(nan_bits) * length, dtype=torch.int16)[:length].view(tdtype)
+    negative = (torch.arange(length) % 2).bool()
+    for fmt in ("bf16", "fp16", "e4m3"):
+        got = quantize(nans, fmt)
+        assert torch.isnan(got).all() and torch.equal(torch.signbit(got), negative), (fmt, got)
+    big = torch.where(negative, torch.tensor(-1000.0), torch.tensor(1000.0)).to(tdtype)
+    want = [exact.encode_value(exact.round_value(float(v), "e4m3"), "e4m3") | (0x80 if v < 0 else 0) for v in big]
+    assert encode(big, "e4m3").tolist() == want
+    assert torch.equal(torch.signbit(quantize(big, "e4m3")), negative)
+
+
+@requires_torch
+def test_e4m3fn_input_into_e4m3_ieee_overflows_to_inf():
+    # E4M3FN holds every finite value of E4M3 (IEEE-like) but not its Inf: the result comes back in float32
+    values = np.array([256.0, -256.0, 240.0])
+    want = [exact.round_value(v, "e4m3ieee") for v in values]
+    assert want[:2] == [float("inf"), float("-inf")]
+    for x in (values.astype(ml_dtypes.float8_e4m3fn), torch.tensor(values).to(torch.float8_e4m3fn)):
+        got = quantize(x, "e4m3ieee")
+        assert [float(v) for v in got] == want
+        assert [int(c) for c in encode(x, "e4m3ieee")] == [exact.encode_value(v, "e4m3ieee") for v in want]
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu])
+def test_ml_dtypes_nan_is_refused_where_the_format_has_none(dtype):
+    # most ml_dtypes types are numpy kind "V": their NaN was let through by quantize (encode refused it)
+    x = np.array([1.0, np.nan], dtype=dtype)
+    for call in (quantize, encode):
+        with pytest.raises(ValueError, match="e2m1 has no NaN; the input holds NaN at index"):
+            call(x, "e2m1")
+
+
+@requires_torch
+def test_zero_dimensional_tensors_keep_their_shape():
+    t = torch.tensor(0.3)
+    assert quantize(t, "e4m3").shape == encode(t, "e4m3").shape == decode(encode(t, "e4m3"), "e4m3").shape == ()
+    assert float(quantize(t, "e4m3")) == exact.round_value(float(t), "e4m3")
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype, fmt, value", [("bfloat16", "fp16", 65536.0), ("float32", "fp64", float("inf")),
+                                               ("float16", "bf16", float("inf")), ("bfloat16", "tf32", float("inf"))])
+def test_clipped_gradient_compares_with_the_format_max_exactly(dtype, fmt, value):
+    # the mask compared in the input's dtype, where the format's max rounds (65504 to 65536 in bfloat16)
+    # or is Inf: values beyond the max got gradient 1
+    x = torch.tensor([value, 1.0], dtype=getattr(torch, dtype), requires_grad=True)
+    quantize(x, fmt, saturate=True, grad="clipped").sum().backward()
+    assert x.grad.tolist() == [0.0, 1.0]
