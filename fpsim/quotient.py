@@ -83,9 +83,9 @@ def round_quotient(x, factors, fmt: Format, rounding: str = "nearest_even", *, s
         if pow2 and x.dtype == np.float32:
             # exact unless the quotient leaves float32's normal range below (possible only for divisors
             # above 1), where only 0 and 2^-126 (float32's min normal) are near a decision point
-            check = np.flatnonzero((q == 0) | (np.abs(q) == 2.0**-126)) if np.max(product) > 1 else None
+            check = np.flatnonzero((q == 0) | (np.abs(q) == 2.0**-126)) if np.max(product, initial=0) > 1 else None
         else:
-            check = np.flatnonzero(quantize_values(q, finer, "toward_zero", saturate=True) == q)
+            check = _on_decision_points(q, finer)
     if check is not None and check.size:
         q = _nudge(q, check, x, product)  # q is a fresh array
     return finish(q, fmt, rounding, saturate)
@@ -115,7 +115,7 @@ def round_product(x, multiplier, fmt: Format, rounding: str = "nearest_even", *,
             q = x.astype(np.float64) * m
             if narrow:
                 q = q.astype(np.float32)
-        check = np.flatnonzero(quantize_values(q, finer, "toward_zero", saturate=True) == q)
+        check = _on_decision_points(q, finer)
     if check.size:
         where = np.unravel_index(check, q.shape)
         q_at = q[where]
@@ -139,6 +139,12 @@ def _finer(fmt: Format) -> Format:
 
 def _is_float32(values) -> bool:
     return bool(np.all(values.astype(np.float32) == values))
+
+
+def _on_decision_points(q, finer: Format):
+    """Flat indices where q is a value of `finer` (a decision point of the target format). A NaN is none,
+    and `finer`, which may have no NaN, does not see it."""
+    return np.flatnonzero(quantize_values(np.where(np.isnan(q), 0, q), finer, "toward_zero", saturate=True) == q)
 
 
 def _nudge(q, flat, x, product):

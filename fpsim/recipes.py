@@ -140,7 +140,8 @@ class DelayedScaling:
     in the history (the last `amax_history_len` amaxes) and sets the next
     scale from the history's max ("max") or its newest entry
     ("most_recent"): (fmt.max / amax) / 2^margin in FP32, kept when the
-    amax is 0 or not finite. TE's HYBRID format is
+    amax is 0 or not finite (a NaN in the window makes its max NaN, as
+    torch.max does in TE). TE's HYBRID format is
     DelayedScaling("e4m3", gradient_format="e5m2"); one state per tensor.
     """
 
@@ -168,7 +169,10 @@ class DelayedScaling:
     def record(self, state: DelayedScalingState, amax, kind: str = "activation") -> np.float32:
         """Record one step's amax and return the scale for the next step (also stored in state)."""
         state.history = (state.history + [float(_amax32(amax))])[-self.amax_history_len:]
-        chosen = max(state.history) if self.amax_compute_algo == "max" else state.history[-1]
+        if self.amax_compute_algo == "max":   # NaN anywhere in the window is the max (torch.max, as TE's)
+            chosen = np.nan if any(a != a for a in state.history) else max(state.history)
+        else:
+            chosen = state.history[-1]
         state.scale = scale_from_amax(chosen, self.format_for(kind), margin=self.margin,
                                       previous=state.scale)[()]
         return state.scale

@@ -651,3 +651,18 @@ def test_block_arrays_reach_partial_blocks_ties_and_amax_edges():
     find(fst.block_arrays(fmt, exponents=st.just(0)), lambda a: float(np.nextafter(np.float32(512), 0)) in a,
          settings=reach)
     find(fst.block_arrays(fmt), lambda a: np.isnan(a).any() and np.isinf(a).any(), settings=reach)
+
+
+@pytest.mark.parametrize("name", list(BLOCK_PRESETS))
+def test_empty_arrays_give_empty_results(name):
+    # a zero-size array (along the block axis or across it) has no block to scale: numpy's max of no
+    # divisors raised in the quotient's underflow check
+    fmt = fpsim.format(name)
+    for shape, axis in (((0,), -1), ((3, 0), 0), ((0, 64), -1), ((0, 5), 0)):
+        if len(fmt.block_shape) > 1 and len(shape) < 2:
+            continue
+        x = np.zeros(shape, dtype=np.float32)
+        options = {} if len(fmt.block_shape) > 1 else {"axis": axis}
+        got = fpsim.quantize(x, fmt, **options)
+        enc = fpsim.encode(x, fmt, **options)
+        assert got.shape == enc.codes.shape == fpsim.decode(enc).shape == shape and got.size == 0

@@ -111,6 +111,27 @@ def test_delayed_scaling_uses_earlier_amaxes():
     assert state.history == [0.5, 0.0] and float(state.scale) == te_scale(0.5, "e4m3")
 
 
+def test_delayed_scaling_nan_in_the_window_keeps_the_scale_wherever_it_sits():
+    # TE takes the window's max with torch.max (NaN propagates) and keeps the scale for a non-finite amax;
+    # Python's max() saw a NaN only in first place, so [1, nan, 4] took 4 and [nan, 1, 4] kept the scale
+    def definition(fmt, amaxes, length):    # TE's _amax_and_scale_update, in exact arithmetic
+        scale, window = Fraction(1), []
+        for a in amaxes:
+            window = (window + [a])[-length:]
+            top = np.nan if any(np.isnan(window)) else max(window)
+            if np.isfinite(top) and top > 0:
+                scale = Fraction(float(np.float32(float(fpsim.format(fmt).max) / top)))
+        return scale
+
+    for fmt in ("e4m3", "e5m2"):
+        for amaxes in ([1.0, np.nan, 4.0], [np.nan, 1.0, 4.0], [4.0, 1.0, np.nan], [np.nan, 2.0, 2.0, 2.0]):
+            recipe = DelayedScaling(fmt, amax_history_len=3)
+            state = recipe.new_state()
+            for amax in amaxes:
+                scale = recipe.record(state, amax)
+            assert Fraction(float(scale)) == definition(fmt, amaxes, 3), (fmt, amaxes, scale)
+
+
 def test_delayed_scaling_most_recent_and_margin():
     recipe = DelayedScaling("e5m2", margin=1, amax_history_len=16, amax_compute_algo="most_recent")
     state = recipe.new_state()
@@ -223,3 +244,15 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="axis=2 is out of range"):
         PerChannelScaling(axis=2).scale(np.ones((2, 2), np.float32))
     assert set(RECIPES) == {"delayed", "current", "per_channel", "block"}
+
+
+@pytest.mark.parametrize("recipe", [CurrentScaling("e4m3"), PerChannelScaling("e4m3"), DelayedScaling("e4m3"),
+                                    CurrentScaling("e5m2")], ids=lambda r: f"{r.name}-{r.format.name}")
+def test_nan_passes_through_the_recipes(recipe):
+    # a NaN makes the amax NaN, so the scale is kept (1 at first) and the NaN stays NaN in a format with
+    # NaN; E4M3 raised instead (the decision-point check used a finer format without NaN)
+    x = np.array([[np.nan, 1.0, -3.0, 0.5]], dtype=np.float32)
+    args = (recipe.new_state(),) if isinstance(recipe, DelayedScaling) else ()
+    got = recipe.quantize(x, *args)
+    assert np.isnan(got[0, 0])
+    assert got[0, 1:].tolist() == [exact.round_value(float(v), recipe.format) for v in x[0, 1:]]
