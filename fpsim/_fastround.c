@@ -533,8 +533,7 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE __m128i away_from(__m256d x
     const __m256d half = _mm256_min_pd(_mm256_and_pd(_mm256_mul_pd(_mm256_sub_pd(above, below), _mm256_set1_pd(0.5)),
                                                      magnitude), _mm256_set1_pd(0x1p103));
     const __m256i up = _mm256_castpd_si256(_mm256_cmp_pd(rest, half, _CMP_GE_OQ));
-    const __m128i up32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(up, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
-    return _mm_blendv_epi8(res, next, up32);
+    return _mm_blendv_epi8(res, next, NARROW_MASK(up));
 }
 
 /* Four elements: x, their float64 bits, into float32 bits (MXCSR set by the caller). The common case takes
