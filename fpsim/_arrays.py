@@ -125,6 +125,15 @@ def _numpy_format(dtype: np.dtype) -> Format | None:
     return None
 
 
+@functools.cache
+def _torch_bit_layouts() -> tuple:
+    """({element size: torch int dtype of that size}, {torch float dtype: bits of its positive quiet NaN})."""
+    torch = sys.modules["torch"]
+    return ({2: torch.int16, 4: torch.int32, 8: torch.int64},
+            {torch.float16: 0x7E00, torch.bfloat16: 0x7FC0, torch.float32: 0x7FC00000,
+             torch.float64: 0x7FF8000000000000})
+
+
 @functools.lru_cache(maxsize=64)
 def _torch_format(dtype) -> Format | None:
     for fmt in PRESETS.values():
@@ -349,9 +358,7 @@ class Ops:
         casts give): torch's casts to bfloat16 give every NaN one pattern, and float16 ones lose a NaN's
         sign outside their vector loop."""
         torch = self._torch
-        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-        quiet = {torch.float16: 0x7E00, torch.bfloat16: 0x7FC0, torch.float32: 0x7FC00000,
-                 torch.float64: 0x7FF8000000000000}
+        ints, quiet = _torch_bit_layouts()
         if out is source or out.dtype not in quiet or source.element_size() not in ints or \
                 not source.is_floating_point():
             return out
@@ -405,7 +412,7 @@ class Ops:
         return np.empty(tuple(shape), dtype=np.dtype(dtype.ml_dtype) if isinstance(dtype, Format) else dtype)
 
     def is_floating(self, x) -> bool:
-        return x.is_floating_point() if self.torch else _numpy_format(x.dtype) is not None or x.dtype.kind == "f"
+        return x.is_floating_point() if self.torch else x.dtype.kind == "f" or _numpy_format(x.dtype) is not None
 
     def isnan(self, x):
         return self._torch.isnan(x) if self.torch else np.isnan(x)

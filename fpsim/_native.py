@@ -6,10 +6,10 @@ float's range: float32 input works in float32 for formats whose normal range
 float32 holds, float64 input into float32's own format takes the hardware's
 conversion (in every mode it has, and odd), float64 input's codes in deterministic
 modes are rounded to odd at float32's precision and then in float32 (`route`); the
-other float64 cases, integers and the remaining float32 cases work in float64. It takes every edge value (overflow, Inf, NaN, zero, negative input of
-an unsigned format) as data computed here by the numpy engine, and draws its
-stochastic-rounding words from the same Philox stream as the engine
-(fpsim/philox.py). Tests compare the two bit for bit.
+other float64 cases, integers and the remaining float32 cases work in float64. It
+takes every edge value (overflow, Inf, NaN, zero, negative input of an unsigned
+format) as data computed here by the numpy engine, and draws its stochastic-rounding
+words from the same Philox stream as the engine (fpsim/philox.py). Tests compare the two bit for bit.
 """
 
 from __future__ import annotations

@@ -144,7 +144,9 @@ def _is_float32(values) -> bool:
 def _on_decision_points(q, finer: Format):
     """Flat indices where q is a value of `finer` (a decision point of the target format). A NaN is none,
     and `finer`, which may have no NaN, does not see it."""
-    return np.flatnonzero(quantize_values(np.where(np.isnan(q), 0, q), finer, "toward_zero", saturate=True) == q)
+    nan = np.isnan(q)
+    values = np.where(nan, 0, q) if nan.any() else q
+    return np.flatnonzero(quantize_values(values, finer, "toward_zero", saturate=True) == q)
 
 
 def _nudge(q, flat, x, product):

@@ -323,7 +323,8 @@ def test_quotients_at_float32s_min_normal(element):
     for amax in (np.float32(16), np.float32(1.5)):
         _, scales, _, _ = oracle(np.array([[amax]], dtype=np.float32), element, "e8m0", (32,), "floor")
         edge = np.float32(2.0**-126 * scales[(0, 0)])
-        near = [np.nextafter(edge, 0 * one), edge, np.nextafter(edge, one), np.nextafter(np.nextafter(edge, 0 * one), 0 * one)]
+        below = np.nextafter(edge, 0 * one)
+        near = [below, edge, np.nextafter(edge, one), np.nextafter(below, 0 * one)]
         tiny = [np.float32(2.0**-149), np.float32(3 * 2.0**-149), np.float32(2.0**-148)]
         row = np.zeros(32, dtype=np.float32)
         values = np.array(near + tiny, dtype=np.float32)

@@ -325,7 +325,8 @@ def test_float64_codes_at_the_finest_spacing_float32_allows(fmt, rounding):
     exact.encode_value)."""
     lanes = (32, "float64") if fmt.emin - fmt.man_bits >= -147 else (64, "working")
     assert _native.route(np.float64, fmt, rounding, codes=True) == lanes
-    codes = np.concatenate([np.arange(0, 300, dtype=np.uint64), np.arange(0, 300, dtype=np.uint64) | (1 << (fmt.bits - 1))])
+    lowest = np.arange(0, 300, dtype=np.uint64)
+    codes = np.concatenate([lowest, lowest | (1 << (fmt.bits - 1))])
     x = _double_rounding_traps(fmt, codes % (1 << fmt.bits))
     x = np.concatenate([x, x / 3, np.nextafter(x / 3, 0)])
     expected = np.array([exact.encode_value(exact.round_value(float(v), fmt, rounding), fmt) for v in x],
