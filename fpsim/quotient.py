@@ -138,7 +138,8 @@ def _finer(fmt: Format) -> Format:
 
 
 def _is_float32(values) -> bool:
-    return bool(np.all(values.astype(np.float32) == values))
+    with np.errstate(over="ignore"):       # beyond FP32's range: not one
+        return bool(np.all(values.astype(np.float32) == values))
 
 
 def _on_decision_points(q, finer: Format):

@@ -94,8 +94,8 @@ def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = 
     usable = np.isfinite(amax) & (amax > 0)
     safe = np.where(usable, amax, np.float32(1))
     scale = _fl32_div(float(fmt.max), safe)
-    if margin:
-        scale = round_quotient(scale, [2.0 ** margin], _FP32)
+    if margin:     # (2^margin past FP32's range as well: the quotient is what TE's gives, 0 or a subnormal)
+        scale = round_quotient(scale, [2.0 ** margin], _FP32).astype(np.float32)
     scale = np.where(np.isinf(scale), _FP32_MAX, scale)
     if power_of_two:
         scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)

@@ -95,6 +95,19 @@ def test_scale_power_of_two_and_epsilon():
     assert float(scale_from_amax(1e-44, fpsim.format("e4m3"))) == FP32_MAX  # 448 / 1e-44 overflows FP32
 
 
+@pytest.mark.parametrize("margin", [120, 127, 128, 135, 149, 200])
+@pytest.mark.parametrize("amax", [3.0, 1e-30, 2.0**-140])
+def test_scale_with_margins_beyond_fp32s_exponent_range(amax, margin):
+    # 2^margin past FP32's range: the quotient still rounds once into FP32 (a subnormal, 0); power_of_two then
+    # clears the mantissa bits of that float32, as TE's bit mask does (a subnormal scale becomes 0)
+    fmt = fpsim.format("e4m3")
+    want = np.float32(te_scale(amax, "e4m3", margin))
+    got = scale_from_amax(amax, fmt, margin=margin)
+    assert got.dtype == np.float32 and got == want
+    pow2 = scale_from_amax(amax, fmt, margin=margin, power_of_two=True)
+    assert pow2.dtype == np.float32 and pow2 == (want.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+
+
 # --------------------------------------------------------------- delayed
 def test_delayed_scaling_uses_earlier_amaxes():
     recipe = DelayedScaling("e4m3", amax_history_len=2)
