@@ -985,7 +985,51 @@ static PyObject *isa(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString("default");
 }
 
+/* The calling thread's flush-to-zero controls, which torch.set_flush_denormal(True) and -ffast-math code set
+   (x86-64: MXCSR's FTZ and DAZ bits; AArch64: FPCR's FZ and FZ16 bits; elsewhere none): with them on, numpy's
+   and torch's arithmetic and casts read and write subnormals as zeros. fpsim/_fpmode.py clears them around
+   its public calls and puts them back. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#define FLUSH_BITS 0x8040u
+static unsigned long long read_flush_bits(void) { return _mm_getcsr() & FLUSH_BITS; }
+static void write_flush_bits(unsigned long long bits) {
+    _mm_setcsr((_mm_getcsr() & ~FLUSH_BITS) | ((unsigned)bits & FLUSH_BITS));
+}
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define FLUSH_BITS ((1ull << 24) | (1ull << 19))
+static unsigned long long read_flush_bits(void) {
+    unsigned long long fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr & FLUSH_BITS;
+}
+static void write_flush_bits(unsigned long long bits) {
+    unsigned long long fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    fpcr = (fpcr & ~FLUSH_BITS) | (bits & FLUSH_BITS);
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+}
+#else
+static unsigned long long read_flush_bits(void) { return 0; }
+static void write_flush_bits(unsigned long long bits) { (void)bits; }
+#endif
+
+static PyObject *flush_bits(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong(read_flush_bits());
+}
+
+static PyObject *set_flush_bits(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long bits = PyLong_AsUnsignedLongLong(arg);
+    if (bits == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    write_flush_bits(bits);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"flush_bits", flush_bits, METH_NOARGS,
+     "flush_bits(): the calling thread's flush-to-zero control bits (MXCSR FTZ|DAZ, FPCR FZ|FZ16; 0: none set)"},
+    {"set_flush_bits", set_flush_bits, METH_O, "set_flush_bits(bits): set those bits as flush_bits gave them"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set of the rounding loops this CPU runs (x86-64-v4, avx2, default)"},
     {"round_array", round_array, METH_VARARGS,
      "round_array(src, dst, params): round the buffer src into dst with the packed parameters params"},

@@ -36,6 +36,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import _arrays, _native, _native_blocks
+from ._fpmode import subnormals_kept
 from ._arrays import numpy_generator, on_device  # shared with fpsim.recipes through this module
 from .blocks import BlockFormat, format
 from .codec import code_dtype, decode as decode_codes, encode as encode_values
@@ -283,6 +284,7 @@ def _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs
         raise ValueError("flush_subnormal_inputs/outputs are not defined for block formats")
 
 
+@subnormals_kept
 def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=None, *, generator=None,
              rand_bits=None, axis=None, scale_rule: str | None = None, flush_subnormal_inputs: bool = False,
              flush_subnormal_outputs: bool = False):
@@ -312,6 +314,7 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     return on_device(blocks.unblock(values), device)
 
 
+@subnormals_kept
 def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=None, *, generator=None,
            rand_bits=None, axis=None, scale_rule: str | None = None, flush_subnormal_inputs: bool = False,
            flush_subnormal_outputs: bool = False) -> BlockEncoding:
@@ -343,6 +346,7 @@ def _scale_codes(scale, scale_format):
     return encode_values(scale.astype(np.float32) if _FP32.contains(scale_format) else scale, scale_format)
 
 
+@subnormals_kept
 def decode(encoding: BlockEncoding):
     """The values of a BlockEncoding (element * scale * tensor scale) in its dtype, bit for bit."""
     if not isinstance(encoding, BlockEncoding):

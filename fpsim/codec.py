@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _native, philox
+from ._fpmode import subnormals_kept
 from ._options import RoundingOptions, check_options, first_index, refuse_values_without_code
 from ._packing import code_dtype, pack, unpack
 from .formats import PRESETS, Format, format as get_format
@@ -22,6 +23,7 @@ from .rounding import round_array
 __all__ = ["encode", "decode", "code_dtype"]
 
 
+@subnormals_kept
 def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: bool = False,
            seed: int | None = None, *, generator=None, rand_bits: int | None = None,
            flush_subnormal_inputs: bool = False, flush_subnormal_outputs: bool = False, **block_options):
@@ -75,6 +77,7 @@ def _encode_native(array, fmt: Format, options: RoundingOptions):
                        rand_bits=options.rand_bits, key=key, codes=True)
 
 
+@subnormals_kept
 def decode(codes, fmt: "str | Format | None" = None):
     """The values of bit patterns of `fmt`: float32 when the format fits it, else float64.
 

@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 
 from . import block_codec
+from ._fpmode import subnormals_kept
 from .blocks import BlockFormat, format as get_format
 from .formats import PRESETS, Format
 from .modes import check_rounding
@@ -73,11 +74,13 @@ def _amax32(amax) -> np.ndarray:
         return amax.astype(np.float32)
 
 
+@subnormals_kept
 def _amax(x, axis=None) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return np.max(np.abs(x), axis=axis, keepdims=axis is not None, initial=0.0)
 
 
+@subnormals_kept
 def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = False, epsilon: float = 0.0,
                     previous=np.float32(1.0)) -> np.ndarray:
     """TransformerEngine's scale for an amax: fl32(fl32(fmt.max / amax) / 2^margin).
@@ -102,6 +105,7 @@ def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = 
     return np.where(usable, scale, np.float32(previous)).astype(np.float32)
 
 
+@subnormals_kept
 def _apply(x, scale, fmt: Format, rounding, seed, generator):
     """Dequantised values: fmt(x * scale) * fl32(1 / scale), exact, in float64 (torch in, torch out)."""
     check_rounding(rounding)

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _arrays, _compiled, _native, philox
 from ._engine import round_bits
+from ._fpmode import subnormals_kept
 from ._options import RoundingOptions, check_options, refuse_values_without_code
 from .formats import Format
 from .modes import ROUNDING_MODES
@@ -25,6 +26,7 @@ from .modes import ROUNDING_MODES
 __all__ = ["quantize", "ROUNDING_MODES"]
 
 
+@subnormals_kept
 def quantize(
     x,
     fmt: "str | Format",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _arrays
+from .._fpmode import subnormals_kept
 from ..blocks import format as get_any_format
 from ..formats import Format, format as get_format
 from ..modes import check_rounding
@@ -83,6 +84,7 @@ class TensorCore:
                 f"{self.schedule.describe()}; {self.params}{note})")
 
     # ----------------------------------------------------------------- API
+    @subnormals_kept
     def dot(self, a, b, c=None, *, scale_a=None, scale_b=None):
         """d[...] = sum_k a[..., k] * b[..., k] + c[...], computed as the tensor core does.
 
@@ -105,6 +107,7 @@ class TensorCore:
 
         return self._result(self._accumulate(products, a64.shape[-1], c64, ops, finite), ops)
 
+    @subnormals_kept
     def matmul(self, A, B, C=None, *, scale_a=None, scale_b=None):
         """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does.
 
