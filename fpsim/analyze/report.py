@@ -12,7 +12,9 @@ names its version.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import io
 import json
@@ -305,37 +307,57 @@ class Report:
         torch.distributed only rank 0 writes. Returns {file name: path}; when
         writing fails, the exception carries `.written` (what was written).
         """
-        import warnings
-
         directory = os.fspath(directory)
         if self.rank != 0:
             return {}
         paths = {}
         try:
-            os.makedirs(directory, exist_ok=True)
-            json_bytes = self.to_json().encode()
-            paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), json_bytes)
-            pngs = {}
-            if figures:
-                for name, build in self.figure_builders().items():
-                    try:
-                        buffer = io.BytesIO()
-                        build().savefig(buffer, format="png", dpi=100, pil_kwargs=PNG_OPTIONS)
-                        pngs[name] = buffer.getvalue()
-                    except Exception as err:  # a figure is not worth the report
-                        warnings.warn(f"fpsim: figure {name} left out: {type(err).__name__}: {err}", RuntimeWarning)
-                for name, data in pngs.items():
-                    paths[name] = atomic_write(os.path.join(directory, name), data)
-            from .html import render_html
-
-            html = render_html(self, pngs).encode()
-            paths["report.html"] = atomic_write(os.path.join(directory, "report.html"), html)
-            remove_stale(directory, {name: hashlib.sha256(content).hexdigest() for name, content in
-                                     {"report.json": json_bytes, **pngs, "report.html": html}.items()})
+            with _full_collections_paused():
+                self._write(directory, figures, paths)
         except BaseException as err:
             err.written = dict(paths)
             raise
         return paths
+
+    def _write(self, directory: str, figures: bool, paths: dict) -> None:
+        """`save`'s files in their order, each entered in `paths` once it is on disk."""
+        import warnings
+
+        os.makedirs(directory, exist_ok=True)
+        json_bytes = self.to_json().encode()
+        paths["report.json"] = atomic_write(os.path.join(directory, "report.json"), json_bytes)
+        pngs = {}
+        if figures:
+            for name, build in self.figure_builders().items():
+                try:
+                    buffer = io.BytesIO()
+                    build().savefig(buffer, format="png", dpi=100, pil_kwargs=PNG_OPTIONS)
+                    pngs[name] = buffer.getvalue()
+                except Exception as err:  # a figure is not worth the report
+                    warnings.warn(f"fpsim: figure {name} left out: {type(err).__name__}: {err}", RuntimeWarning)
+            for name, data in pngs.items():
+                paths[name] = atomic_write(os.path.join(directory, name), data)
+        from .html import render_html
+
+        html = render_html(self, pngs).encode()
+        paths["report.html"] = atomic_write(os.path.join(directory, "report.html"), html)
+        remove_stale(directory, {name: hashlib.sha256(content).hexdigest() for name, content in
+                                 {"report.json": json_bytes, **pngs, "report.html": html}.items()})
+
+
+@contextlib.contextmanager
+def _full_collections_paused():
+    """Python's cyclic garbage collector off for the duration, then as it was: a save allocates enough (its
+    figures) to set off full collections, each of which walks every object of a training process (torch and a
+    model: some 300,000) in about 0.3 s. The save's own garbage, all young, goes at the next collection of the
+    youngest generation. (benchmarks/bench_report_save.py)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 MANIFEST = ".fpsim-manifest.json"

@@ -120,3 +120,23 @@ def test_rows_of_repeated_blocks_are_merged():
             ("h.3.attn", "Linear", "ok", "2%"), ("head", "Linear", "ok", "")]
     assert grouped(rows, tail=1) == [("h.{0-1,3}.attn", "Linear", "ok", "3%"), ("h.2.attn", "Linear", "fp32", "2%"),
                                      ("head", "Linear", "ok", "")]
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_save_leaves_the_garbage_collector_as_it_found_it(saved, tmp_path, collector_on):
+    # save pauses Python's collector while it writes: after a save, and after one that fails (the folder is a
+    # file), the collector is on or off as the user had it
+    import gc
+
+    report, _, _ = saved
+    was = gc.isenabled()
+    try:
+        (gc.enable if collector_on else gc.disable)()
+        report.save(tmp_path / "out", figures=False)
+        assert gc.isenabled() is collector_on
+        (tmp_path / "a file").write_text("")
+        with pytest.raises(OSError):
+            report.save(tmp_path / "a file", figures=False)
+        assert gc.isenabled() is collector_on
+    finally:
+        (gc.enable if was else gc.disable)()
