@@ -46,6 +46,20 @@ def requires_grad(x) -> bool:
     return is_torch(x) and x.requires_grad
 
 
+def straight_through_of(x, compute: Callable):
+    """compute(x), for a tensor that records gradients computed on x detached and attached to x's graph
+    with the straight-through (identity) gradient while torch records them: the fake quantisation of
+    `quantize(grad="identity")`, the block formats' and the recipes'."""
+    if not requires_grad(x):
+        return compute(x)
+    result = compute(x.detach())
+    if not grad_enabled():
+        return result
+    from ._autograd import straight_through
+
+    return straight_through(x, result, None, "identity")
+
+
 def detached(x):
     """x without its autograd history (a tensor's .detach(); anything else as it is)."""
     return x.detach() if is_torch(x) else x

@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 
 from . import block_codec
+from ._arrays import straight_through_of
 from ._fpmode import subnormals_kept
 from .blocks import BlockFormat, format as get_format
 from .formats import PRESETS, Format
@@ -105,10 +106,15 @@ def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = 
     return np.where(usable, scale, np.float32(previous)).astype(np.float32)
 
 
-@subnormals_kept
 def _apply(x, scale, fmt: Format, rounding, seed, generator):
-    """Dequantised values: fmt(x * scale) * fl32(1 / scale), exact, in float64 (torch in, torch out)."""
+    """Dequantised values: fmt(x * scale) * fl32(1 / scale), exact, in float64 (torch in, torch out, with the
+    straight-through gradient where x records one)."""
     check_rounding(rounding)
+    return straight_through_of(x, lambda x: _dequantised(x, scale, fmt, rounding, seed, generator))
+
+
+@subnormals_kept
+def _dequantised(x, scale, fmt: Format, rounding, seed, generator):
     array, device = block_codec.host_array(x)
     scale = np.asarray(scale, dtype=np.float32)
     rng = {} if rounding != "stochastic" else dict(seed=seed, generator=block_codec.numpy_generator(generator))
@@ -290,7 +296,8 @@ class BlockScaling:
         return {"activation": self.activations, "weight": self.weights, "gradient": self.gradients}[_check_kind(kind)]
 
     def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
-        return block_codec.quantize(x, self.format_for(kind), rounding, seed=seed, generator=generator)
+        return straight_through_of(x, lambda x: block_codec.quantize(x, self.format_for(kind), rounding, seed=seed,
+                                                                     generator=generator))
 
 
 RECIPES = {r.name: r for r in (DelayedScaling, CurrentScaling, PerChannelScaling, BlockScaling)}

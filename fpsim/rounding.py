@@ -119,17 +119,12 @@ def _quantize_blocks(x, fmt, options: RoundingOptions, block_options: dict):
                                     flush_subnormal_inputs=options.flush_inputs,
                                     flush_subnormal_outputs=options.flush_outputs, **block_options)
 
-    if not _arrays.requires_grad(x):
-        return blocked(x)
-    rounded = blocked(x.detach())
-    if options.grad == "none" or not _arrays.grad_enabled():
-        return rounded
-    if options.grad == "clipped":
+    if options.grad == "none":
+        return blocked(_arrays.detached(x))
+    if options.grad == "clipped" and _arrays.requires_grad(x) and _arrays.grad_enabled():
         raise ValueError(f"grad='clipped' needs one range for the whole tensor; {fmt.name} scales each block "
                          f"(use grad='identity' or 'none')")
-    from ._autograd import straight_through
-
-    return straight_through(x, rounded, None, "identity")
+    return _arrays.straight_through_of(x, blocked)
 
 
 def round_array(array, fmt: Format, options: RoundingOptions, compile: bool = False):

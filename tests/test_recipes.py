@@ -269,3 +269,21 @@ def test_nan_passes_through_the_recipes(recipe):
     got = recipe.quantize(x, *args)
     assert np.isnan(got[0, 0])
     assert got[0, 1:].tolist() == [exact.round_value(float(v), recipe.format) for v in x[0, 1:]]
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling("e4m3"), CurrentScaling("e5m2"), PerChannelScaling("e4m3"),
+                                    BlockScaling()], ids=lambda r: r.name)
+def test_tensors_that_record_gradients_get_the_straight_through_gradient(recipe):
+    # fake quantisation: the values of the detached tensor; backward passes the gradient through unchanged,
+    # in the input's dtype (the straight-through estimator, Bengio et al. 2013); none under no_grad
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    state = recipe.new_state() if isinstance(recipe, DelayedScaling) else None
+    want = recipe.quantize(x.detach().clone(), recipe.new_state() if state is not None else None)
+    y = recipe.quantize(x, state)
+    assert y.requires_grad and torch.equal(y.detach(), want)
+    upstream = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    y.backward(upstream)
+    assert x.grad.dtype == x.dtype and torch.equal(x.grad, upstream.to(x.dtype))
+    with torch.no_grad():
+        assert not recipe.quantize(x, state).requires_grad
