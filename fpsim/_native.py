@@ -76,8 +76,7 @@ def _fits(fmt: Format, width: int) -> bool:
     up) reaches the float's normal range. (A format without subnormals may be finer than the float in
     its lowest binade: every input of the float's own grid there is the format's already.)"""
     P, bias, _, _ = _LAYOUT[width]
-    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    return (fmt.man_bits <= P - 1 and fmt.emax <= bias and quantum_exp >= 1 - bias - P
+    return (fmt.man_bits <= P - 1 and fmt.emax <= bias and fmt.min_exponent >= 1 - bias - P
             and fmt.max >= 2 ** (1 - bias))
 
 
@@ -187,7 +186,7 @@ def kernel_params(fmt: Format, *, rounding, saturate, flush_inputs, flush_output
     if M == 0:  # the kept significand is the implicit 1, always odd, while the band's bit pattern
         # would read the exponent's last bit as its parity
         band_mode = {"nearest_even": MODES["nearest_away"], "odd": MODES["toward_zero"]}.get(rounding, MODES[rounding]).kernel_id
-    quantum_exp = fmt.emin - M if fmt.subnormals else fmt.emin
+    quantum_exp = fmt.min_exponent
     flush_inputs = bool(flush_inputs and fmt.zero)  # (a format without zero has nothing to flush to)
     flush_outputs = bool(flush_outputs and fmt.zero)
     options = (("rounding", rounding), ("saturate", saturate), ("flush_inputs", flush_inputs),
@@ -249,8 +248,7 @@ def covers_blocks(fmt: Format, rounding: str) -> bool:
     at 2^-126 or above (its finest spacing 2^-125 or coarser; without subnormals, its min normal), so
     that float32's subnormals lie below it and a power-of-two divisor may multiply in float32 (the
     kernel keeps a quotient that rounded up onto 2^-126 below it)."""
-    quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-    return _fastround is not None and _rounds_after_odd(fmt, rounding) and quantum_exp >= -125
+    return _fastround is not None and _rounds_after_odd(fmt, rounding) and fmt.min_exponent >= -125
 
 
 def run_blocks(array: np.ndarray, divisors: np.ndarray, block: int, fmt: Format, *, rounding, saturate,

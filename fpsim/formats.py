@@ -178,7 +178,12 @@ class Format:
     @functools.cached_property
     def min_subnormal(self) -> Fraction:
         """Smallest positive value (the min normal when there are no subnormals)."""
-        return _pow2(self.emin - self.man_bits) if self.subnormals else self.min_normal
+        return _pow2(self.min_exponent)
+
+    @property
+    def min_exponent(self) -> int:
+        """log2 of the smallest positive value: the finest spacing's exponent with subnormals, else emin."""
+        return self.emin - self.man_bits if self.subnormals else self.emin
 
     @functools.cached_property
     def eps(self) -> Fraction:
@@ -222,10 +227,9 @@ class Format:
             return False
         # At every magnitude 2^e that `other` covers, its spacing must be a
         # multiple of ours.
-        lowest = other.emin - (other.man_bits if other.subnormals else 0)
         return all(
             max(e, other.emin) - other.man_bits >= max(e, self.emin) - self.man_bits
-            for e in range(lowest, other.emax + 1)
+            for e in range(other.min_exponent, other.emax + 1)
         )
 
     # ------------------------------------------------------------- bindings

@@ -85,8 +85,7 @@ class FormatLimits:
         if not (fmt.signed and fmt.zero):
             raise ValueError(f"the analyzer needs signed formats with a zero; {fmt.name} is "
                              f"{'unsigned' if not fmt.signed else 'without zero'}")
-        min_sub_exponent = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
-        z = min_sub_exponent - 1
+        z = fmt.min_exponent - 1
         tie = quantize(np.array([math.ldexp(1.0, z)], dtype=np.float64), fmt)
         tie_to_zero = bool(np.asarray(tie, dtype=np.float64)[0] == 0)
         threshold = fmt.max + Fraction(2) ** (fmt.emax - fmt.man_bits) / 2
