@@ -79,12 +79,13 @@ def cmd_probes(args) -> int:
     table = features.probe_table(args.device, args.inputs, args.output, **({"path": args.path} if args.path else {}))
     if args.json:
         print_json({"device": args.device, "inputs": args.inputs, "output": args.output, "path": args.path,
-                     "features": {key: json_default(table[key]) if key in table else None
+                     "features": {key: json_default(table[key]) if table.get(key) is not None else None
                                   for key in features.FEATURES}})
         return 0
     print(f"model {args.device}, {args.inputs} -> {args.output}")
     for key in features.FEATURES:
-        print(f"  {key:18} {table.get(key, '-')}")
+        value = table.get(key, "-")
+        print(f"  {key:18} {'(cannot tell from these probes)' if value is None else value}")
     return 0
 
 

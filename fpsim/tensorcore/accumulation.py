@@ -13,8 +13,8 @@ Schedules (`Schedule`, used by `TensorCore`), on numpy arrays and torch tensors 
 * ``epilogue``: the result rounded once more (nearest even) to the format a
   library writes, as a GEMM writing fp16 or bf16 from an fp32 accumulator.
 
-References to compare tensor cores with (`reference_dot`): products formed
-exactly (float64 holds the product of two binary32 values), then
+References to compare tensor cores with (`reference_dot`, on binary32 inputs):
+products formed exactly (float64 holds the product of two binary32 values), then
 
 * ``exact``: the exact value of sum(a*b) + c, rounded once to binary32 (nearest
   even): math.fsum gives the float64 nearest the exact sum, a second fsum gives
@@ -120,18 +120,21 @@ def _round_to(total, output: Format):
 # ------------------------------------------------------------------- references
 def reference_dot(a, b, c=None, method: str = "exact"):
     """sum_k a[..., k] * b[..., k] + c[...] by a reference method; binary32 result
-    (numpy float32, or a torch float32 tensor on a's device)."""
+    (numpy float32, or a torch float32 tensor on a's device).
+
+    a, b and c must hold binary32 values (ValueError otherwise: the products are exact only
+    then). K = 0 gives c (+0 without c); NaN and Inf follow IEEE addition (Inf - Inf is NaN)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     ops = _arrays.Ops(a)
     for operand, name in ((b, "b"), (c, "c")):
         if operand is not None:
             ops.check_same(operand, name)
-    a, b = ops.astype(a, "float64"), ops.astype(b, "float64")
+    a, b = _binary32_values(a, "a", ops), _binary32_values(b, "b", ops)
     if tuple(a.shape) != tuple(b.shape) or a.ndim == 0:
         raise ValueError(f"a and b need the same shape with a last axis (K), got {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")
-    c = ops.zeros_like(a[..., 0]) if c is None else ops.astype(c, "float64")
+    c = ops.zeros(a.shape[:-1], "float64") if c is None else _binary32_values(c, "c", ops)
     if tuple(c.shape) != tuple(a.shape[:-1]):
         raise ValueError(f"c must have shape {tuple(a.shape[:-1])}, got {tuple(c.shape)}")
     products = a * b
@@ -152,12 +155,29 @@ def reference_dot(a, b, c=None, method: str = "exact"):
     return s
 
 
+def _binary32_values(x, name: str, ops):
+    """x as float64, refused unless every value is a binary32 value (NaN and Inf included): the
+    references are exact only where float64 holds every product of two inputs exactly."""
+    x64 = ops.astype(ops.array(x), "float64")
+    with np.errstate(over="ignore"):  # beyond binary32's range: Inf, refused below
+        back = ops.astype(ops.astype(x64, "float32"), "float64")
+    same = ops.to_host((back == x64) | (x64 != x64))
+    if not same.all():
+        bad = tuple(int(i) for i in np.argwhere(~same)[0])
+        raise ValueError(f"{name}{list(bad)} = {float(ops.to_host(x64)[bad])!r} is not a binary32 value; "
+                         f"reference_dot takes binary32 inputs (float32, or float64 holding float32 values)")
+    return x64
+
+
 def _exact(products, c, ops):
     host_p, host_c = ops.to_host(products), ops.to_host(c)
-    flat_p, flat_c = host_p.reshape(-1, host_p.shape[-1]), host_c.reshape(-1)
+    flat_p, flat_c = host_p.reshape(host_c.size, host_p.shape[-1]), host_c.reshape(-1)
     nearest = np.empty(flat_c.shape)
     for i in range(flat_c.size):
         terms = list(flat_p[i]) + [float(flat_c[i])]
+        if not all(map(math.isfinite, terms)):  # NaN or Inf: IEEE addition says what (Inf - Inf is NaN)
+            nearest[i] = sum(map(float, terms))
+            continue
         hi = math.fsum(terms)
         rest = math.fsum(terms + [-hi]) if math.isfinite(hi) else 0.0
         # hi is the float64 nearest the exact sum; nudging it one float64 step towards

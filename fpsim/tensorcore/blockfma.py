@@ -28,7 +28,8 @@ enter "last": added to the instruction's result with one more rounding.
 
 The arithmetic is exact: products of formats up to 11 significand bits are
 exact in float32 or float64, truncation is `trunc` of a product scaled by a
-power of two, and sums stay below 2^53. A block-scaled MMA (a scale 2^s per
+power of two, and sums stay below 2^53 (`BlockFMA.sum_bound`: parameters that
+could pass it are refused). A block-scaled MMA (a scale 2^s per
 block of K, as MX formats have) fits the same step: s adds to the block's
 alignment exponents and to the power of two its products are scaled by.
 """
@@ -61,7 +62,9 @@ class BlockFMA:
     rounding: rounding of each block's sum into the output ("toward_zero", "nearest_even", ...).
     min_align_exp: the alignment exponent is never below this.
     subnormal_inputs: False flushes subnormal a and b to zero.
-    subnormal_outputs: False flushes subnormal c and results to zero.
+    subnormal_outputs: False flushes subnormal results (each block's rounded sum) to
+        zero; c enters the sum as it is (no device on record flushes, so nothing
+        says a flushing one would drop c: docs/tensorcore.md).
     reduced_output: a negative extra_bits also drops as many fraction bits of
         the binary32 result (Ada and Hopper FP8).
     instruction_k: products per MMA instruction (None: one block); k_order and
@@ -88,6 +91,10 @@ class BlockFMA:
             raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
         if not -23 < self.extra_bits <= 24:
             raise ValueError(f"extra_bits must be in -22..24, got {self.extra_bits!r}")
+        if self.sum_bound > 2**53:
+            raise ValueError(f"block_size={self.block_size} with extra_bits={self.extra_bits} is beyond the exact "
+                             f"block sum: its scaled sum can reach 2^{self.sum_bound.bit_length() - 1}, float64 "
+                             f"holds integers exactly up to 2^53; lower block_size or extra_bits")
         if self.output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         check_rounding(self.rounding)
@@ -116,6 +123,13 @@ class BlockFMA:
     def window_bits(self) -> int:
         """Fraction bits kept below the leading bit of the largest term."""
         return 23 + self.extra_bits
+
+    @property
+    def sum_bound(self) -> int:
+        """A bound on a block's scaled sum: F products below 4 * 2^window_bits (significands in
+        [0, 4)) and c below 2 * 2^window_bits. At most 2^53, every partial sum of the block's
+        integer terms is exact in float64, which `block_step` needs."""
+        return (4 * self.block_size + 2) << self.window_bits
 
     def blocks(self, start: int, k: int) -> list:
         """The blocks of one instruction of products start..start+k-1 (k <= self.k), in the order the
@@ -187,8 +201,8 @@ def block_step(products, exponents, c, c_exponents, params: BlockFMA, ops):
     multiple of 2^(top - window_bits), i.e. trunc(term * 2^(window_bits - top)).
     A product has at most 22 significant bits, so the scaled product and its
     truncation are exact in float32 (products of tiny terms that would not fit
-    the scale are smaller than the unit and truncate to zero); the sum of F + 1
-    terms below 2^(window_bits + 3 + log2 F) is exact in float64.
+    the scale are smaller than the unit and truncate to zero); the sum of the F + 1
+    integer terms, below `params.sum_bound` <= 2^53, is exact in float64.
     """
     top = ops.maximum(ops.amax(exponents), c_exponents)
     # (products of the input formats have exponents >= -252: a floor of -300 changes

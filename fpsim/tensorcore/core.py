@@ -91,7 +91,9 @@ class TensorCore:
         Block formats: a and b hold element values, scale_a and scale_b (..., K / block) the
         values of their block scales (E8M0, or E4M3 >= 0 for NVFP4): the products are
         (a[k] * scale_a[k // block]) (b[k] * scale_b[k // block]), as PTX's block_scale MMAs
-        compute D = (A * scale_A)(B * scale_B) + C."""
+        compute D = (A * scale_A)(B * scale_B) + C.
+
+        Tensors are read detached: the result carries no gradient (requires_grad is False)."""
         ops = _arrays.Ops(a)
         a64, b64 = self._checked(a, self.inputs, "a", ops), self._checked(b, self.inputs_b, "b", ops)
         if tuple(a64.shape) != tuple(b64.shape):
@@ -111,7 +113,8 @@ class TensorCore:
     def matmul(self, A, B, C=None, *, scale_a=None, scale_b=None):
         """D = A @ B + C for A (M, K), B (K, N), C (M, N) or None, computed as the tensor core does.
 
-        Block formats: scale_a (M, K / block) and scale_b (K / block, N), as in `dot`."""
+        Block formats: scale_a (M, K / block) and scale_b (K / block, N), as in `dot`. Tensors are
+        read detached: the result carries no gradient."""
         ops = _arrays.Ops(A)
         a64, b64 = self._checked(A, self.inputs, "A", ops), self._checked(B, self.inputs_b, "B", ops)
         if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[0]:
@@ -123,7 +126,7 @@ class TensorCore:
         # rows in chunks, so that one block's (rows, N, F) temporaries stay in cache
         rows = max(1, (1 << 19) // max(1, N * self.params.block_size))
         parts = []
-        for r0 in range(0, M, rows):
+        for r0 in range(0, max(M, 1), rows):  # M = 0: one empty chunk, for the result's shape and dtype
             a_rows, e_rows = aw[r0:r0 + rows], ea[r0:r0 + rows]
 
             def products(ks, a_rows=a_rows, e_rows=e_rows):
@@ -191,9 +194,15 @@ class TensorCore:
         return accumulate(products, K, c, self.params, self.schedule, self.output, ops, finite)
 
     def _checked(self, x, fmt: Format, name: str, ops):
-        """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`."""
+        """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`; TypeError
+        for what fpsim.quantize refuses (complex, strings, booleans). A tensor that requires grad is
+        read detached: the model is not differentiable."""
         ops.check_same(x, name)
-        array = ops.array(x)
+        try:
+            array = _arrays.detached(_arrays.accept(x).array)
+            _arrays.input_format(array)
+        except TypeError as error:
+            raise TypeError(f"{name}: {error}") from None
         if self.round_inputs is not None:
             array = quantize(array, fmt, self.round_inputs)
         values = ops.astype(array, "float64")

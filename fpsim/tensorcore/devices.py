@@ -12,6 +12,7 @@ captures (docs/tensorcore.md): the captures are the truth.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from ..blocks import BLOCK_PRESETS, BlockFormat
 from ..formats import format as get_format
@@ -225,14 +226,26 @@ capture has checked. TensorCore.unvalidated and its repr say so."""
 
 
 # ------------------------------------------------------------------------ look-ups
+def _name_key(name: str) -> str:
+    """A device name without case, spaces, '-', '_' or a leading "NVIDIA": "RTX 4090",
+    "rtx-4090" and "NVIDIA_RTX4090" are one key."""
+    key = re.sub(r"[\s_-]+", "", name.lower())
+    return key.removeprefix("nvidia")
+
+
+_BY_KEY = {**{_name_key(name): gen for name, gen in DEVICES.items()}, **{gen: gen for gen in GENERATIONS}}
+"""Normalised product and generation names -> generation."""
+
+
 def generation(device: str) -> str:
-    """The generation of a product or generation name (case-insensitive)."""
-    key = device.strip().lower().replace(" ", "-").replace("_", "-")
-    key = key.removeprefix("nvidia-")
-    if key in GENERATIONS:
-        return key
-    if key in DEVICES:
-        return DEVICES[key]
+    """The generation of a product or generation name, spelt in any case, with or without spaces,
+    '-' or '_' and a leading "NVIDIA" ("RTX 4090", "rtx4090", "NVIDIA H100", "Titan V")."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str (a product or generation name such as 'h100' or 'hopper'), "
+                        f"got {type(device).__name__} {device!r}")
+    key = _name_key(device)
+    if key in _BY_KEY:
+        return _BY_KEY[key]
     raise ValueError(f"unknown device {device!r}; allowed: {', '.join(sorted(DEVICES))} "
                      f"or a generation: {', '.join(GENERATIONS)}")
 
@@ -294,10 +307,23 @@ def parameters(device: str, inputs: str, output: str, path: str | None = None, i
         wanted = f"{inputs} inputs with {output} output" + (f" on the {path} path" if path else "")
         raise ValueError(f"{device} ({gen}) tensor cores do not support {wanted}; supported: {combos}")
     chosen = path or ("native" if "native" in paths else paths[0])
+    params = PARAMETERS[(gen, inputs, output, chosen)]
     if instruction_shape is not None:
         overrides = {"instruction_k": instruction(device, inputs, output, shape=instruction_shape).k, **overrides}
-    params = PARAMETERS[(gen, inputs, output, chosen)]
+    elif "block_size" in overrides and "instruction_k" not in overrides:
+        overrides = {"instruction_k": _fitting_k(params, overrides), **overrides}
     return dataclasses.replace(params, **overrides) if overrides else params
+
+
+def _fitting_k(params: BlockFMA, overrides: dict) -> int | None:
+    """The preset's instruction_k, raised to the least multiple of it whose instruction holds one
+    block of the overridden block_size: an override of F takes effect instead of being cut by
+    the preset's instruction (which keeps a multiple of 4 for k_order 'pairs')."""
+    block_size, k = overrides["block_size"], params.instruction_k
+    if not isinstance(block_size, int) or block_size < 1 or k is None:
+        return k  # (BlockFMA refuses a bad block_size with its own message)
+    halves = 2 if overrides.get("k_order", params.k_order) == "pairs" else 1
+    return k * -(-block_size * halves // k)
 
 
 def is_fp8(inputs: str) -> bool:

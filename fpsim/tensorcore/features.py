@@ -6,8 +6,10 @@ results some hardware or model returned for them, and reports what they show:
 - ``window``: the largest shift s for which +2^B - 2^B + 2^(B-s) still returns
   2^(B-s): bits kept below the leading bit when terms are aligned (23 + the
   extra alignment bits);
-- ``block_size``: the first n at which 2^B plus n half-ulp terms stops being
-  rounded once as a whole (each further block rounds on its own);
+- ``block_size``: the F for which 2^B and n half-ulp terms, cut into blocks
+  of F that each round on their own, gives every result; None ("cannot tell")
+  where the half-ulp terms fall outside the alignment window, no rounding mode
+  explains the rows, or several F do;
 - ``rounding``: the final rounding mode that explains all rounding probes;
 - ``subnormal_inputs`` / ``subnormal_outputs``: kept or flushed;
 - ``monotonic``: whether enlarging one term ever made the result smaller (the
@@ -51,7 +53,8 @@ def _param(tag: str, name: str):
 
 
 def measure(tags, a, b, c, d, output: str = "fp32") -> dict:
-    """Features (name -> readable value) shown by probe rows and their results d."""
+    """Features (name -> readable value, None where the rows cannot tell) shown by probe rows
+    and their results d."""
     tags = np.asarray(tags).astype(str)
     d = np.asarray(d, dtype=np.float64)
 
@@ -65,38 +68,34 @@ def measure(tags, a, b, c, d, output: str = "fp32") -> dict:
     found = {}
     # window: products only, all in the first block
     shifts = sorted((int(_param(tags[i], "shift")), i) for i in rows("probe:alignment:pp:first:"))
+    window = None  # the window's width where the rows show at least that much
     if shifts:
         survived = [s for s, i in shifts if is_exact(i)]
         lowest_lost = next((s for s, i in shifts if not is_exact(i)), None)
         if lowest_lost is None:
-            found["window"] = f">= {shifts[-1][0]}"
+            found["window"], window = f">= {shifts[-1][0]}", shifts[-1][0]
         else:
             kept = [s for s in survived if s < lowest_lost]
             found["window"] = str(kept[-1]) if kept else f"< {shifts[0][0]}"
+            window = kept[-1] if kept else None
 
     # rounding: which mode explains every rounding probe (no alignment loss there)
-    candidates, out_fmt = [], get_format(output)
     idx = rows("probe:rounding:")
+    candidates, out_fmt = _final_rounding(idx, a, b, c, d, output)
     if idx:
-        sums = [_exact(a[i], b[i], c[i]) for i in idx]
-        # the output may keep fewer fraction bits than its format (Hopper FP8: 13)
-        for man_bits in range(out_fmt.man_bits, 3, -1):
-            fmt = Format(out_fmt.exp_bits, man_bits, out_fmt.bias)
-            candidates = [m for m in _MODES if all(exact.round_value(v, fmt, m) == d[i] for v, i in zip(sums, idx))]
-            if candidates:
-                out_fmt = fmt
-                break
         names = " / ".join(candidates) if candidates else "none of " + ", ".join(_MODES)
         narrower = get_format(output).man_bits - out_fmt.man_bits
         found["rounding"] = names + (f", to {out_fmt.man_bits} fraction bits" if narrower and candidates else "")
     mode = candidates[0] if candidates else "toward_zero"
-    output = out_fmt
 
-    # block size: big term first, then n half-ulp terms, c = 0
-    idx = sorted((int(_param(tags[i], "n")), i) for i in rows("probe:blocksize:bigfirst:half:"))
-    if idx:
-        breaks = [n for n, i in idx if exact.round_value(_exact(a[i], b[i], c[i]), output, mode) != d[i]]
-        found["block_size"] = str(breaks[0]) if breaks else f"> {idx[-1][0]} (one block)"
+    # block size: a big term and n half-ulp terms (big first, big last, big as c), with the
+    # rounding rows whose terms share the first block (their output format is the blocks')
+    half = [i for i in rows("probe:blocksize:") if ":half:" in tags[i]]
+    if half:
+        one_block = [i for i in idx if ":first:" in tags[i]]
+        found["block_size"] = _block_size(half + one_block, a, b, c, d, window,
+                                          _final_rounding(one_block, a, b, c, d, output)[1])
+    output = out_fmt
 
     for key, prefix in (("subnormal_inputs", "probe:subnormal:input:min*1:first"),
                         ("subnormal_outputs", "probe:subnormal:output")):
@@ -123,6 +122,46 @@ def measure(tags, a, b, c, d, output: str = "fp32") -> dict:
     if idx:
         found["signed_zero"] = "-0" if math.copysign(1.0, d[idx[0]]) < 0 else "+0"
     return found
+
+
+def _final_rounding(idx, a, b, c, d, output: str) -> tuple[list[str], Format]:
+    """The modes that explain the rounding rows idx, and the output format they round to: the
+    output may keep fewer fraction bits than its format (Hopper FP8: 13). No mode: ([], output)."""
+    out_fmt = get_format(output)
+    sums = [_exact(a[i], b[i], c[i]) for i in idx]
+    for man_bits in range(out_fmt.man_bits, 3, -1) if idx else ():
+        fmt = Format(out_fmt.exp_bits, man_bits, out_fmt.bias)
+        candidates = [m for m in _MODES if all(exact.round_value(v, fmt, m) == d[i] for v, i in zip(sums, idx))]
+        if candidates:
+            return candidates, fmt
+    return [], out_fmt
+
+
+def _block_size(idx, a, b, c, d, window, output: Format) -> str | None:
+    """The block size F shown by the rows idx (the half-ulp block-size rows, then the one-block
+    rounding rows): the one F for which blocks of F in k order, each added exactly to the last
+    result (c first) and rounded in one mode, give every result. None where the probe cannot
+    tell: its half-ulp terms lie beyond the alignment window (truncated whatever F is), or no F
+    or several explain the rows (an order other than blocks in k order, such as 'pairs')."""
+    first = idx[0]
+    big, small = sorted((abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[first], b[first])
+                         if x * y != 0), reverse=True)[:2]
+    if window is None or big > small * 2 ** window:
+        return None
+    k = len(a[first])
+    explained = [F for F in range(1, k + 1)
+                 if any(all(_chained(a[i], b[i], c[i], F, output, mode) == d[i] for i in idx) for mode in _MODES)]
+    if len(explained) != 1:
+        return None
+    return f"> {k - 1} (one block)" if explained[0] == k else str(explained[0])
+
+
+def _chained(a_row, b_row, c, F: int, output: Format, mode: str) -> float:
+    """c + sum a*b as blocks of F products, each added exactly to the last result and rounded."""
+    d = Fraction(float(c))
+    for lo in range(0, len(a_row), F):
+        d = Fraction(float(exact.round_value(d + _exact(a_row[lo:lo + F], b_row[lo:lo + F], 0.0), output, mode)))
+    return float(d)
 
 
 def probe_table(device: str, inputs: str, output: str, **options) -> dict:

@@ -94,3 +94,17 @@ def test_unknown_instruction_shapes_and_mixes_are_refused():
     with pytest.raises(ValueError, match=r"mixed input formats are FP8 and MX only \(e4m3 with e5m2; mxfp8_e4m3 with .*\); got fp16 and bf16"):
         TensorCore("h100", "fp16", "fp32", inputs_b="bf16")
     assert TensorCore("h100", "e4m3", "fp32", inputs_b="e5m2").inputs_b.name == "e5m2"
+
+
+@pytest.mark.parametrize("name,gen", [("RTX 4090", "ada"), ("rtx4090", "ada"), ("RTX 1000 Ada", "ada"),
+                                      ("RTX 3090", "ampere"), ("Titan V", "volta"), ("NVIDIA H100", "hopper"),
+                                      ("nvidia_a100", "ampere"), (" Hopper ", "hopper")])
+def test_product_names_as_the_docs_spell_them(name, gen):
+    """docs/tensorcore.md's Presets section: RTX 4090 and RTX Ada cards are Ada, V100 (Titan V) Volta."""
+    assert devices.generation(name) == gen
+
+
+@pytest.mark.parametrize("device", [None, 100])
+def test_a_device_that_is_not_a_string_is_a_type_error(device):
+    with pytest.raises(TypeError, match="device must be a str"):
+        TensorCore(device, "fp16", "fp32")
