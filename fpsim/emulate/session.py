@@ -16,14 +16,18 @@ While the block runs, and only then:
   writes it by hand; with `layers`, only those modules are emulated and their outputs
   return to FP32.
 
-Leaving the block removes every hook, mode and kernel it installed: the run goes on as if
-no emulation had happened (tests/emulate/test_session.py checks it).
+Each autocast context a hook opens lasts while the call it was opened for (an optimizer
+step, a kept module's forward) runs: a call that raises past its closing hook has its
+context closed by the next torch function, or by the block's end. Leaving the block removes
+every hook, mode and kernel it installed: the run goes on as if no emulation had happened
+(tests/emulate/test_session.py checks it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -103,7 +107,7 @@ class Emulation:
         self.notes: list = []
         self.fp8_layers: dict = {}
         self._scaling = False
-        self._autocast_stack: list = []
+        self._autocast_stack: list = []     # (autocast context, frame of the call it lasts for, a step?)
         self._fp8_stack: list = []
         self._fp8_of: dict = {}              # FP8 nn.Linear module -> its FP8Layer
         self._compute = None
@@ -205,6 +209,7 @@ class Emulation:
                                               tracer.current_module if tracer else None))
             stack.enter_context(torch.autocast(self.device_type, dtype=self.low, enabled=selection.layers is None,
                                                cache_enabled=False))
+        stack.callback(self._drain)          # before the block's own autocast exits
         if self.low is not None or self._gemm is not None:
             self._compute = FP32Compute(self._gemm)
             stack.enter_context(self._compute)
@@ -231,28 +236,50 @@ class Emulation:
         stack.callback(module.register_forward_hook(after, always_call=True).remove)
 
     # ------------------------------------------------------------------ hooks
-    def _push_autocast(self, enabled: bool):
+    def _push_autocast(self, enabled: bool, call, step: bool = False):
+        """Enter an autocast context that lasts while `call` (the frame of a module's forward or an
+        optimizer step, whose hook asks) runs: its closing hook, or `_settle` if that never runs."""
+        self._settle()
         context = torch.autocast(self.device_type, dtype=self.low, enabled=enabled, cache_enabled=False) \
             if self.low is not None else torch.autocast(self.device_type, enabled=False)
         context.__enter__()
-        self._autocast_stack.append(context)
+        self._autocast_stack.append((context, call, step))
 
-    def _pop_autocast(self):
-        if self._autocast_stack:
-            self._autocast_stack.pop().__exit__(None, None, None)
+    def _pop_autocast(self, call):
+        """Exit the context `call` opened, and any left open above it by calls inside it."""
+        stack = self._autocast_stack
+        if any(frame is call for _, frame, _ in stack):
+            while True:
+                context, frame, _ = stack.pop()
+                context.__exit__(None, None, None)
+                if frame is call:
+                    break
+
+    def _settle(self):
+        """Exit the contexts whose calls ended without their closing hook (a step or forward that
+        raised): autocast is then what it is outside them. Contexts nest as their calls do, so
+        once the innermost one's call runs, all do."""
+        stack = self._autocast_stack
+        while stack and not _running(stack[-1][1]):
+            stack.pop()[0].__exit__(None, None, None)
+
+    def _drain(self):
+        """Exit every context still open, innermost first (the block ends)."""
+        while self._autocast_stack:
+            self._autocast_stack.pop()[0].__exit__(None, None, None)
 
     def _enter_fp32(self, module, args, kwargs):
-        self._push_autocast(False)
+        self._push_autocast(False, sys._getframe(1))
         return _to_fp32(args), _to_fp32(kwargs)
 
     def _leave(self, module, args, output):
-        self._pop_autocast()
+        self._pop_autocast(sys._getframe(1))
 
     def _enter_layer(self, module, args, kwargs):
-        self._push_autocast(True)
+        self._push_autocast(True, sys._getframe(1))
 
     def _leave_layer(self, module, args, output):
-        self._pop_autocast()
+        self._pop_autocast(sys._getframe(1))
         return _to_fp32(output)
 
     def _enter_fp8(self, module, args, kwargs):
@@ -266,10 +293,12 @@ class Emulation:
         return grad * (1.0 / self.loss_scale) if self._scaling else None
 
     def _before_step(self, optimizer, args, kwargs):
-        self._push_autocast(False)
+        self._push_autocast(False, sys._getframe(1), step=True)
 
     def _after_step(self, optimizer, args, kwargs):
-        self._pop_autocast()
+        self._pop_autocast(sys._getframe(1))
+        if any(step for _, _, step in self._autocast_stack):
+            return                   # a step inside another (super().step(), a wrapping optimizer): one step
         self.steps += 1
         if not self.master_weights and self.low is not None:
             self._round_weights()
@@ -337,8 +366,11 @@ class _Functions(TorchFunctionMode):
         if isinstance(emulation.recipe, recipes.FP8Recipe):
             self.handlers[torch.nn.functional.linear] = emulation.linear
         self.device_type = emulation.device_type
+        self.emulation = emulation
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.emulation._autocast_stack:
+            self.emulation._settle()
         handler = self.handlers.get(func)
         if handler is None:
             return func(*args, **(kwargs or {}))
@@ -354,6 +386,16 @@ class _Quiet:
 
     def module_output(self, name, module, output):
         return None
+
+
+def _running(frame) -> bool:
+    """Whether `frame` is on the current thread's call stack (its call has not returned or raised)."""
+    current = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 def _to_fp32(x):

@@ -12,6 +12,8 @@ the per-step differences stay within what GEMM summation order explains.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -171,9 +173,12 @@ def _global_state():
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     x = torch.randn(4, 4)
+    nesting = torch.autocast_increment_nesting() - 1       # torch's own count of open autocast contexts
+    torch.autocast_decrement_nesting()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cpu_policy = [torch.softmax(x, -1).dtype, torch.exp(x @ x).dtype]
-    return dict(autocast=(torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")), cpu_policy=cpu_policy,
+    return dict(autocast=(torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")), nesting=nesting,
+                cpu_policy=cpu_policy,
                 modes=(len(_get_current_function_mode_stack()), len(_get_current_dispatch_mode_stack())),
                 module_hooks=(len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)),
                 optimizer_hooks=(len(optim_module._global_optimizer_pre_hooks),
@@ -204,6 +209,144 @@ def test_the_block_cleans_up_when_the_loop_raises():
             model(*next(token_batches(cfg, 2, 1)))
             1 / 0
     assert _global_state() == before
+
+
+class _Transient(Exception):
+    pass
+
+
+class _FlakyAdamW(torch.optim.AdamW):
+    """AdamW whose step raises (before changing anything) on the calls numbered in `fail_on`."""
+
+    def __init__(self, params, fail_on=(0,), **kwargs):
+        super().__init__(params, **kwargs)
+        self.fail_on, self.calls = set(fail_on), 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        if self.calls - 1 in self.fail_on:
+            raise _Transient("step failed")
+        return super().step(closure)
+
+
+def _train_through_failures(model, cfg, steps, forward_context=contextlib.nullcontext):
+    """train()'s loop with a step that fails on calls 0 and 2; the loop catches it and goes on."""
+    optimizer = _FlakyAdamW(model.parameters(), fail_on=(0, 2), lr=1e-2)
+    records = []
+    for x, y in token_batches(cfg, 2, steps, seed=1):
+        with forward_context():
+            _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        records.append((loss.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        try:
+            optimizer.step()
+        except _Transient:
+            pass
+    return records
+
+
+@pytest.mark.parametrize("options", [{}, {"layers": ["h.1.mlp"]}])
+def test_steps_after_a_step_that_raised_equal_real_autocast_steps(options):
+    """Source: the same loop, the same failing steps, under real CPU autocast (the emulated layer
+    written by hand as in test_emulating_only_some_layers_runs_the_rest_in_fp32)."""
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    forward_context = real_autocast("bf16")
+    if "layers" in options:
+        mlp = reference.h[1].mlp
+        mlp_forward = mlp.forward
+
+        def emulated_alone(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                return mlp_forward(x).float()
+        mlp.forward, forward_context = emulated_alone, contextlib.nullcontext
+    expected = _train_through_failures(reference, cfg, 5, forward_context)
+    before = _global_state()
+    with fpsim.emulate(emu := twin(model), "bf16", policy="cpu", **options) as em:
+        got = _train_through_failures(emu, cfg, 5)
+    assert_same_steps(got, expected)
+    assert em.steps == 3
+    assert _global_state() == before
+
+
+@pytest.mark.parametrize("recipe, options", [("bf16", {}), ("fp32", {}), ("fp16", {"keep": ["h.0.attn"]}),
+                                             ("bf16", {"layers": ["h.0.mlp"]})])
+def test_a_step_that_raises_out_of_the_block_leaves_autocast_as_it_was(recipe, options):
+    """Source: torch's own autocast state and nesting counter before the block."""
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    optimizer = _FlakyAdamW(model.parameters(), fail_on=(1,))
+    before = _global_state()
+    with pytest.raises(_Transient):
+        with fpsim.emulate(model, recipe, **options):
+            for x, y in token_batches(cfg, 2, 2, seed=1):
+                model(x, y)[1].backward()
+                optimizer.step(lambda: None)
+    assert _global_state() == before
+
+
+class _Interrupt(BaseException):
+    """Not an Exception: torch skips a module's always-called forward hooks for it."""
+
+
+def test_a_forward_interrupted_inside_a_kept_module_leaves_the_next_forward_as_before():
+    """Source: the emulated forward's output dtypes before the interruption (real autocast's:
+    bf16 logits, the kept module's float32 output)."""
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    x, y = next(token_batches(cfg, 2, 1, seed=1))
+    outputs = []
+    model.h[0].attn.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
+
+    def interrupt(module, args):
+        raise _Interrupt()
+
+    before = _global_state()
+    with fpsim.emulate(model, "bf16", policy="cpu", keep=["h.0.attn"]):
+        logits = model(x)[0].dtype
+        handle = model.h[0].attn.c_proj.register_forward_pre_hook(interrupt)
+        with pytest.raises(_Interrupt):
+            model(x)
+        handle.remove()
+        assert model(x)[0].dtype == logits == torch.bfloat16
+        assert torch.is_autocast_enabled("cpu")
+    assert outputs == [torch.float32, torch.float32]
+    assert _global_state() == before
+
+
+def test_autocast_is_off_inside_every_step_nested_ones_included():
+    """A step that wraps another optimizer's step (as Lookahead does) runs both with autocast
+    off, and the forward after them with it on again, as an AMP loop runs them."""
+    seen = []
+
+    class Outer(torch.optim.SGD):
+        def __init__(self, params, inner):
+            super().__init__(params, lr=0.1)
+            self.inner = inner
+
+        def step(self, closure=None):
+            seen.append(("outer", torch.is_autocast_enabled("cpu")))
+            self.inner.step()
+            torch.ones(2) + 1
+            seen.append(("outer after inner", torch.is_autocast_enabled("cpu")))
+
+    class Inner(torch.optim.SGD):
+        def step(self, closure=None):
+            torch.ones(2) * 2
+            seen.append(("inner", torch.is_autocast_enabled("cpu")))
+            return super().step(closure)
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = Outer(model.parameters(), Inner(model.parameters(), lr=0.1))
+    with fpsim.emulate(model, "bf16") as em:
+        model(torch.randn(2, 4)).float().sum().backward()
+        optimizer.step()
+        seen.append(("forward", torch.is_autocast_enabled("cpu"), model(torch.randn(2, 4)).dtype))
+    assert seen == [("outer", False), ("inner", False), ("outer after inner", False),
+                    ("forward", True, torch.bfloat16)]
+    assert em.steps == 1                        # the loop called step() once
 
 
 def test_emulations_do_not_nest():
