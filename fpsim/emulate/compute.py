@@ -13,8 +13,10 @@ low-precision run. Matrix products can go to a tensor-core model instead (`gemm`
 
 Which dtype each output gets is asked once per op and argument signature from the op's meta
 kernel. Ops that only move or cast values (views, copies, cat, indexing, ...) are exact in
-any dtype and run as they are; an op without a meta kernel runs in the low format, by torch,
-and is named in `unemulated`.
+any dtype and run as they are, and so do ops whose result the dtype itself defines (random
+sampling on its grid, nan_to_num's defaults at its limits, nextafter; `_passes`): in FP32 they
+would give values torch never gives in the low dtype. An op without a meta kernel runs in the
+low format, by torch, and is named in `unemulated`.
 """
 
 from __future__ import annotations
@@ -38,10 +40,21 @@ _EXACT = frozenset((
 ))
 
 
+_OF_THE_DTYPE = frozenset(("nan_to_num", "nextafter"))
+"""Ops whose result the dtype itself defines, not arithmetic on the values: nan_to_num's default
+replacements for +-Inf are the dtype's largest finite values, nextafter steps to the dtype's next value."""
+
+
 def _passes(func) -> bool:
-    """Whether an op makes no new values (so its low-precision result is exact as torch gives it)."""
-    name = func._schema.name.split("::")[-1]
-    return func.is_view or name in _EXACT or name.endswith("_like") or name.startswith(("new_", "empty"))
+    """Whether torch's result in the low dtype is already the emulated one: the op makes no new
+    values, or the dtype defines its result (`_OF_THE_DTYPE`; and every random sampler, known by
+    its Generator argument, which draws on the dtype's own grid and range: uniform_ stays below
+    its upper bound, random_ within the dtype's integers)."""
+    schema = func._schema
+    name = schema.name.split("::")[-1]
+    return (func.is_view or name in _EXACT or name.endswith("_like") or name.startswith(("new_", "empty"))
+            or name.rstrip("_") in _OF_THE_DTYPE
+            or any(str(a.type) in ("Generator", "Optional[Generator]") for a in schema.arguments))
 
 
 class FP32Compute(TorchDispatchMode):

@@ -179,3 +179,60 @@ def test_tensor_core_gemms_are_the_tensor_core_models_results(dtype):
     assert_bitwise_equal(affine, (expected + bias.float()).to(dtype), FORMAT[dtype])
     for i in range(2):
         assert_bitwise_equal(batched[i], core.matmul(batch_a[i].float(), batch_b[i].float()).to(dtype), FORMAT[dtype])
+
+
+# Ops whose result the dtype itself defines. Source of truth: the same call by real torch outside the
+# emulation, and the IEEE binary16 / bfloat16 grids (largest finite values 65504 and (2 - 2^-7) 2^127;
+# spacing 2^-10 above 1 and 2^-11 below it in fp16, 2^-7 and 2^-8 in bf16).
+_LARGEST = {torch.float16: 65504.0, torch.bfloat16: (2 - 2 ** -7) * 2.0 ** 127}
+_AROUND_ONE = {torch.float16: (1 - 2 ** -11, 1 + 2 ** -10), torch.bfloat16: (1 - 2 ** -8, 1 + 2 ** -7)}
+
+
+def _in_block(dtype, f):
+    with fpsim.emulate(torch.nn.Linear(2, 2), FORMAT[dtype]):
+        return f()
+
+
+@pytest.mark.parametrize("dtype", FORMAT, ids=FORMAT.values())
+def test_nan_to_num_replaces_infinities_by_the_dtypes_largest_values(dtype):
+    x = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.5], dtype=dtype)
+    big = _LARGEST[dtype]
+    for call in (lambda: torch.nan_to_num(x), lambda: x.clone().nan_to_num_(),
+                 lambda: torch.nan_to_num(x, out=torch.empty_like(x))):
+        got = _in_block(dtype, call)
+        assert got.dtype == dtype and got.tolist() == [big, -big, 0.0, 1.5]
+        assert_bitwise_equal(got, call(), FORMAT[dtype])
+
+
+@pytest.mark.parametrize("dtype", FORMAT, ids=FORMAT.values())
+def test_nextafter_steps_to_the_next_value_of_the_dtype(dtype):
+    one, two, zero = (torch.tensor([v, v], dtype=dtype) for v in (1.0, 2.0, 0.0))
+    below, above = _AROUND_ONE[dtype]
+    got = _in_block(dtype, lambda: (torch.nextafter(one, two), torch.nextafter(one, zero), one.clone().nextafter_(two)))
+    assert [t.tolist() for t in got] == [[above, above], [below, below], [above, above]]
+    inf = torch.tensor([float("inf")], dtype=dtype)
+    assert _in_block(dtype, lambda: torch.nextafter(inf, one[:1])).item() == _LARGEST[dtype]
+
+
+SAMPLERS = {
+    "uniform_": lambda x: x.uniform_(0, 1), "uniform_ wide": lambda x: x.uniform_(-3, 1e4),
+    "random_": lambda x: x.random_(),
+    "normal mean tensor": lambda x: torch.normal(x.fill_(0.3), 2.0),
+}
+
+
+@pytest.mark.parametrize("dtype", FORMAT, ids=FORMAT.values())
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_random_sampling_draws_in_the_dtype_as_torch_does(dtype, name):
+    """Same seed, same values as real torch: uniform_ never reaches its upper bound, random_() stays
+    within the integers the dtype holds exactly (at most 2^11 in fp16, 2^8 in bf16)."""
+    def draw():
+        torch.manual_seed(0)
+        return SAMPLERS[name](torch.empty(4096, dtype=dtype))
+    got = _in_block(dtype, draw)
+    assert got.dtype == dtype
+    assert_bitwise_equal(got, draw(), FORMAT[dtype])
+    if name == "uniform_":
+        assert got.max().item() < 1
+    if name == "random_":
+        assert got.max().item() <= {torch.float16: 2 ** 11, torch.bfloat16: 2 ** 8}[dtype]
