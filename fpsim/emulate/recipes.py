@@ -59,6 +59,24 @@ class AutocastRecipe:
         return self.format
 
 
+_GEMMS = ("fprop", "dgrad", "wgrad")
+
+
+def _gemm_names(value) -> tuple:
+    """fast_accumulation as a tuple of GEMM names: one name, or an iterable of them (a string is
+    one name, not its letters)."""
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"FP8Recipe fast_accumulation takes a GEMM name or names ({', '.join(_GEMMS)}), "
+                        f"got {value!r}") from None
+    unknown = [name for name in names if name not in _GEMMS]
+    if unknown:
+        raise ValueError(f"FP8Recipe fast_accumulation takes {', '.join(_GEMMS)}, got unknown {unknown!r}")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class FP8Recipe:
     """FP8 linear layers as TransformerEngine runs them, the rest of the model under `base`.
@@ -73,7 +91,7 @@ class FP8Recipe:
         axis, and their GEMMs take the dequantised values in FP32.
     base: the recipe of everything but the FP8 GEMMs: ``"bf16"`` (autocast bfloat16, as TE
         is usually run), ``"fp16"`` or ``"fp32"``; the FP8 layers' outputs are in its format.
-    fast_accumulation: the GEMMs (``"fprop"``, ``"dgrad"``, ``"wgrad"``) that accumulate in the
+    fast_accumulation: the GEMM or GEMMs (``"fprop"``, ``"dgrad"``, ``"wgrad"``) that accumulate in the
         tensor core's own FP8 accumulator; the others add their partial sums into FP32 every
         `promote_every` products. Defaults as TE's ``fp8_gemm_fprop``/``dgrad``/``wgrad``
         ``MMParams(use_split_accumulator=False/True/True)``; 128 is cuBLAS's and DeepSeek-V3's
@@ -93,10 +111,7 @@ class FP8Recipe:
                             f"got {self.scaling!r}")
         if self.base not in AUTOCAST_FORMATS + ("fp32",):
             raise ValueError(f"FP8Recipe base must be one of bf16, fp16, fp32, got {self.base!r}")
-        object.__setattr__(self, "fast_accumulation", tuple(self.fast_accumulation))
-        unknown = set(self.fast_accumulation) - {"fprop", "dgrad", "wgrad"}
-        if unknown:
-            raise ValueError(f"FP8Recipe fast_accumulation takes fprop, dgrad, wgrad, got {sorted(unknown)}")
+        object.__setattr__(self, "fast_accumulation", _gemm_names(self.fast_accumulation))
         if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) or self.promote_every < 1:
             raise ValueError(f"FP8Recipe promote_every must be a positive int, got {self.promote_every!r}")
 
@@ -157,3 +172,4 @@ def resolve(recipe):
 
 __all__ = ["AutocastRecipe", "BlockScaling", "CurrentScaling", "DelayedScaling", "FP8Recipe", "NAMED", "PerChannelScaling",
            "resolve"]
+

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import sys
 
 import torch
@@ -421,8 +422,9 @@ def _device_type(model) -> str:
 
 
 def _check_loss_scale(scale):
+    """The loss scale as a float: any real number (numpy's included, bools not) that is positive and finite."""
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"loss_scale must be a positive finite number or None, got {scale!r}")
     return float(scale)

@@ -7,8 +7,10 @@ from a report that fpsim.watch wrote for a real run, and the options' documented
 
 from __future__ import annotations
 
+import fractions
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +31,9 @@ def model():
     ({"loss_scale": 0}, ValueError, "loss_scale must be a positive finite number or None, got 0"),
     ({"loss_scale": float("inf")}, ValueError, "loss_scale must be a positive finite number"),
     ({"loss_scale": True}, ValueError, "loss_scale must be a positive finite number"),
+    ({"loss_scale": np.bool_(True)}, ValueError, "loss_scale must be a positive finite number"),
+    ({"loss_scale": np.float32("inf")}, ValueError, "loss_scale must be a positive finite number"),
+    ({"loss_scale": "1024"}, ValueError, "loss_scale must be a positive finite number"),
     ({"policy": "tpu"}, ValueError, "policy must be one of cuda, cpu, got 'tpu'"),
     ({"master_weights": "no"}, TypeError, "master_weights must be True or False"),
     ({"keep": ["h.9"]}, ValueError, "keep: 'h.9' is no module of GPT; its modules: GPT, wte"),
@@ -46,6 +51,20 @@ def test_bad_options_are_refused_before_anything_runs(model, kwargs, error, mess
         fpsim.emulate(model, **kwargs)
 
 
+@pytest.mark.parametrize("scale", [np.float32(1024), np.int64(1024), np.float16(1024), fractions.Fraction(1024)])
+def test_a_loss_scale_may_be_any_real_number(model, scale):
+    """Source: the documented option (a positive number): numpy's scalars are numbers.Real as Python's are."""
+    em = fpsim.emulate(model, "fp16", loss_scale=scale)
+    assert em.loss_scale == 1024.0 and type(em.loss_scale) is float
+
+
+def test_fast_accumulation_takes_one_gemm_name_as_a_string():
+    """Source: the docstring (the GEMMs fprop, dgrad, wgrad); a string names one GEMM, not its letters."""
+    assert FP8Recipe(fast_accumulation="wgrad").fast_accumulation == ("wgrad",)
+    assert FP8Recipe(fast_accumulation="fprop") == FP8Recipe(fast_accumulation=["fprop"]) == FP8Recipe()
+    assert FP8Recipe(fast_accumulation=()).fast_accumulation == ()
+
+
 def test_a_model_must_be_a_module():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
         fpsim.emulate(lambda x: x, "bf16")
@@ -56,6 +75,8 @@ def test_a_model_must_be_a_module():
     (lambda: FP8Recipe(base="tf32"), "FP8Recipe base must be one of bf16, fp16, fp32, got 'tf32'"),
     (lambda: FP8Recipe(scaling="delayed"), "FP8Recipe scaling must be a scaling object"),
     (lambda: FP8Recipe(fast_accumulation=("forward",)), "fast_accumulation takes fprop, dgrad, wgrad"),
+    (lambda: FP8Recipe(fast_accumulation="fprop_"), r"fast_accumulation takes fprop, dgrad, wgrad, got unknown \['fprop_'\]"),
+    (lambda: FP8Recipe(fast_accumulation=3), "fast_accumulation takes a GEMM name or names (fprop, dgrad, wgrad), got 3"),
     (lambda: FP8Recipe(promote_every=0), "promote_every must be a positive int, got 0"),
 ])
 def test_bad_recipes_are_refused(make, message):
