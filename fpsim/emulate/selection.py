@@ -37,6 +37,17 @@ class Selection:
         return (self.layers is None or any(_within(name, layer) for layer in self.layers)) \
             and not any(_within(name, other) for other in self.kept_modules | self.not_fp8)
 
+    def runs_low(self, name: str) -> bool:
+        """Whether module `name` runs in the low format: as the innermost kept module or emulated
+        layer around it says (kept, when a module is both), else as the model does (low unless
+        `layers` is given); the forward hooks nest the same way."""
+        around = [(len(outer), outer in self.kept_modules) for outer in self.kept_modules | (self.layers or set())
+                  if _within(name, outer)]
+        if not around:
+            return self.layers is None
+        innermost = max(depth for depth, _ in around)
+        return not any(kept for depth, kept in around if depth == innermost)
+
 
 def _within(name: str, outer: str) -> bool:
     return outer == "" or name == outer or name.startswith(outer + ".")

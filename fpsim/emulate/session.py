@@ -63,7 +63,8 @@ def emulate(model, recipe, *, device: str | None = None, policy: str = "cuda", k
     loss_scale: a fixed loss scale (a positive number); None for none (a GradScaler in the
         loop works as it does on a GPU). Given explicitly, it overrides the report's.
     master_weights: False stores the weights in the low format too (rounded after every
-        optimizer step), as training without FP32 master weights does.
+        optimizer step), as training without FP32 master weights does; the weights of modules
+        that run in FP32 (kept, or outside `layers`) stay FP32.
     """
     return Emulation(model, recipe, device=device, policy=policy, keep=keep, layers=layers,
                      from_report=from_report, loss_scale=loss_scale, master_weights=master_weights)
@@ -305,10 +306,15 @@ class Emulation:
             self._round_weights()
 
     def _round_weights(self):
+        """Without master weights: store in the low format the weights of every module that runs in
+        it; those of modules run in FP32 (kept, or outside `layers`) stay FP32, as their computation."""
+        low = {}
+        for name, module in self.model.named_modules():
+            if self.selection.runs_low(name):
+                low.update((id(p), p) for p in module.parameters(recurse=False) if p.is_floating_point())
         with torch.no_grad():
-            for param in self.model.parameters():
-                if param.is_floating_point():
-                    param.copy_(param.to(self.low))
+            for param in low.values():
+                param.copy_(param.to(self.low))
 
     # ----------------------------------------------- functions the mode takes over
     def backward(self, func, args, kwargs):

@@ -443,6 +443,70 @@ def test_without_master_weights_the_weights_are_stored_in_the_low_format():
     assert all(torch.equal(p, p.bfloat16().float()) for p in emu_model.parameters())
 
 
+@pytest.mark.parametrize("options, fp32_modules", [({"keep": ["1"]}, {"1", "1.0", "1.1"}),
+                                                   ({"layers": ["1"]}, {"0", "2"}),
+                                                   ({"layers": ["1"], "keep": ["1.0"]}, {"0", "1.0", "2"}),
+                                                   ({"keep": [torch.nn.LayerNorm]}, {"1.1"})])
+def test_without_master_weights_modules_run_in_fp32_keep_fp32_weights(options, fp32_modules):
+    """Source: the docs' meaning of keep/layers (those modules run in FP32, their inputs cast to
+    FP32) and of master_weights=False (the weights of what runs in the low format are stored in it),
+    the rounding done by torch's own cast (.bfloat16())."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)),
+                                torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.rand_like(p) * 1e-3)          # off the bf16 grid
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with fpsim.emulate(model, "bf16", master_weights=False, **options):
+        pass
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        expected = before[name] if owner in fp32_modules else before[name].bfloat16().float()
+        assert torch.equal(p, expected), name
+
+
+def test_without_master_weights_a_kept_module_trains_with_fp32_weights():
+    """Source: real CPU autocast, the kept attention written by hand (autocast off, inputs cast to
+    FP32), every other module's weights rounded to bf16 after each step by torch's cast."""
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+    attention = reference.h[0].attn
+    forward = attention.forward
+
+    def in_fp32(x):
+        with torch.autocast("cpu", enabled=False):
+            return forward(x.float())
+
+    attention.forward = in_fp32
+    kept = {id(p) for p in attention.parameters()}
+
+    def round_the_rest():
+        with torch.no_grad():
+            for p in reference.parameters():
+                if id(p) not in kept:
+                    p.copy_(p.bfloat16())
+
+    round_the_rest()
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    expected = []
+    for x, y in token_batches(cfg, 2, 3, seed=1):
+        with real_autocast("bf16")():
+            _, loss = reference(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        expected.append((loss.detach(), {n: p.grad.clone() for n, p in reference.named_parameters()}))
+        optimizer.step()
+        round_the_rest()
+    emu_model = twin(model)
+    got, _ = emulated(emu_model, cfg, 3, "bf16", policy="cpu", master_weights=False, keep=["h.0.attn"])
+    assert_same_steps(got, expected)
+    for (name, p), q in zip(emu_model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+    assert not all(torch.equal(p, p.bfloat16().float()) for p in emu_model.h[0].attn.parameters())
+
+
 def test_a_gpu_device_accumulates_gemms_as_its_tensor_cores_do():
     """sum = 1 + 2^-8 + 1.5 * 2^-24: float32 rounds the last term up to one ulp (2^-23), above bf16's tie
     at 1 + 2^-8, so bf16 gives 1 + 2^-7; the H100's block FMA truncates it away (Fasi et al. 2021), the
