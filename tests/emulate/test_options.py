@@ -75,8 +75,10 @@ def test_a_model_must_be_a_module():
     (lambda: FP8Recipe(base="tf32"), "FP8Recipe base must be one of bf16, fp16, fp32, got 'tf32'"),
     (lambda: FP8Recipe(scaling="delayed"), "FP8Recipe scaling must be a scaling object"),
     (lambda: FP8Recipe(fast_accumulation=("forward",)), "fast_accumulation takes fprop, dgrad, wgrad"),
-    (lambda: FP8Recipe(fast_accumulation="fprop_"), r"fast_accumulation takes fprop, dgrad, wgrad, got unknown \['fprop_'\]"),
-    (lambda: FP8Recipe(fast_accumulation=3), "fast_accumulation takes a GEMM name or names (fprop, dgrad, wgrad), got 3"),
+    (lambda: FP8Recipe(fast_accumulation="fprop_"),
+     r"fast_accumulation takes fprop, dgrad, wgrad, got unknown \['fprop_'\]"),
+    (lambda: FP8Recipe(fast_accumulation=3),
+     "fast_accumulation takes a GEMM name or names (fprop, dgrad, wgrad), got 3"),
     (lambda: FP8Recipe(promote_every=0), "promote_every must be a positive int, got 0"),
 ])
 def test_bad_recipes_are_refused(make, message):

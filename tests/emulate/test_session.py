@@ -452,8 +452,8 @@ def test_without_master_weights_modules_run_in_fp32_keep_fp32_weights(options, f
     FP32) and of master_weights=False (the weights of what runs in the low format are stored in it),
     the rounding done by torch's own cast (.bfloat16())."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)),
-                                torch.nn.Linear(4, 4))
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), inner, torch.nn.Linear(4, 4))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.rand_like(p) * 1e-3)          # off the bf16 grid
