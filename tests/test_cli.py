@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -206,3 +209,70 @@ def test_progress_appends_lines_to_a_log_file_and_rewrites_one_on_a_terminal():
     progress(5)
     progress.done()
     assert quiet.getvalue() == ""
+
+
+def _strict_json(text: str):
+    """json.loads refusing NaN and Infinity, the tokens RFC 8259 lacks (json.dumps writes them by default)."""
+    def refuse(token):
+        raise AssertionError(f"{token} in --json output: not JSON (RFC 8259)")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cast_beyond_float64_range_prints_and_writes_strict_json(capsys):
+    """Expected values from fractions: the fp64 neighbours of 1.7976931348623158e308 are float max and
+    2^1024 (beyond float64: "inf" in JSON, as README says; its digits in the text, from decimal);
+    1e-320 rounded up in fp16 is 2^-24 (IEEE 754 roundTowardPositive), a relative error near 6e312."""
+    from decimal import Decimal, localcontext
+
+    typed = Fraction("1.7976931348623158e308")
+    code, out, _ = run(capsys, "cast", "1.7976931348623158e308", "--to", "fp64")
+    assert code == 0
+    assert f"neighbours  {sys.float_info.max:.8g} < 1.7976931348623158e308 < {Decimal(2**1024):.8g} (beyond max)" in out
+    assert f"rel. error  {float((Fraction(sys.float_info.max) - typed) / typed):+.4e}" in out
+    code, out, _ = run(capsys, "cast", "1.7976931348623158e308", "--to", "fp64", "--json")
+    assert code == 0 and _strict_json(out)[0]["neighbours"] == [sys.float_info.max, "inf"]
+
+    with localcontext() as context:
+        context.prec = 50
+        rel_error = Decimal(2) ** -24 / Decimal("1e-320") - 1
+    code, out, _ = run(capsys, "cast", "1e-320", "--to", "fp16", "--rounding", "up")
+    assert code == 0 and f"result      {2**-24:.8g}" in out and f"rel. error  {rel_error:+.4e}" in out
+    code, out, _ = run(capsys, "cast", "1e-320", "--to", "fp16", "--rounding", "up", "--json")
+    assert code == 0 and _strict_json(out)[0]["rel_error"] == "inf"
+
+    code, out, _ = run(capsys, "cast", "1e320", "-1e320", "--to", "fp16", "--json")
+    rows = _strict_json(out)
+    assert code == 0 and [row["result"] for row in rows] == ["inf", "-inf"]  # fp16 overflows to Inf
+    assert rows[0]["neighbours"] == ["inf", "inf"] and rows[1]["neighbours"] == ["-inf", "-inf"]
+
+
+@pytest.mark.parametrize("typed", ["-0", "-0.0", "-0.00", "-0e0", "-.0", "-0.0e-5", "-000", "0.0", "+0e3"])
+def test_cast_keeps_the_sign_of_zero_as_float_reads_it(capsys, typed):
+    """Expected: float(typed) cast by ml_dtypes (its sign bit is the code's)."""
+    want = int(np.array([float(typed)]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[0])
+    code, out, _ = run(capsys, "cast", "--to", "e4m3", "--json", "--", typed)
+    row = _strict_json(out)[0]
+    assert code == 0 and row["code"] == want
+    assert math.copysign(1, row["result"]) == math.copysign(1, float(typed))
+
+
+@pytest.mark.parametrize("typed", ["+infinity", "+Infinity", "-INFINITY", "infinity", "+inf", "-Inf", "iNf"])
+def test_cast_reads_infinities_as_float_does(capsys, typed):
+    """Expected: float(typed) cast to fp16 by numpy."""
+    want = int(np.array([float(typed)], dtype=np.float16).view(np.uint16)[0])
+    code, out, _ = run(capsys, "cast", "--to", "fp16", "--json", "--", typed)
+    assert code == 0 and _strict_json(out)[0]["code"] == want
+
+
+def test_cast_reads_a_decimal_longer_than_pythons_int_digit_limit(capsys):
+    """1.00048828125 is 1 + 2^-11, the fp16 midpoint between 1 and 1 + 2^-10; a 1 in the 4413th digit puts
+    the typed value just above it, so round to nearest gives 1 + 2^-10 (IEEE 754), 0x3c01 by numpy."""
+    typed = "1.00048828125" + "0" * 4400 + "1"
+    assert len(typed) > sys.int_info.default_max_str_digits
+    code, out, _ = run(capsys, "cast", typed, "--to", "fp16")
+    assert code == 0, out
+    want = int(np.array([1 + 2**-10], dtype=np.float16).view(np.uint16)[0])
+    assert f"result      {1 + 2**-10:.8g}" in out and f"(0x{want:04x})" in out
+    code, _, err = run(capsys, "cast", "1" * 100_001, "--to", "fp16")
+    assert code == 2 and "too long: numbers of at most 100000 characters are read" in err
+    assert len(err) < 300  # the number is not echoed whole

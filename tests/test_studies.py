@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -133,3 +134,16 @@ def test_script_runs_directly_and_is_deterministic(tmp_path, results):
                    check=True, capture_output=True)
     again = (tmp_path / "studies" / "format_ranges.md").read_text(encoding="utf-8")
     assert again == _result(results, "format_ranges").page.read_text(encoding="utf-8")
+
+
+def test_cli_json_is_strict_json_where_a_study_value_is_nan(tmp_path):
+    """loss_scale_sweep's final losses above the window are NaN (test above); RFC 8259 has no NaN token,
+    so --json writes it as the string "nan", as docs/analyzer.md says for the analyzer's files."""
+    def refuse(token):
+        raise AssertionError(f"{token} in --json output: not JSON (RFC 8259)")
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(["study", "loss_scale_sweep", "--fast", "--json", "-q", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads(stdout.getvalue(), parse_constant=refuse)
+    assert "nan" in row["values"]["finals"]

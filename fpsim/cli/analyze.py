@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from ..formats import PRESETS
-from .common import add_output_options, json_default, nonnegative_int, positive_int
+from .common import add_output_options, nonnegative_int, positive_int, print_json
 
 
 def cmd_compare(args) -> int:
@@ -25,7 +24,7 @@ def cmd_compare(args) -> int:
             raise ValueError(f"--html {args.html!r}: no folder {folder!r} to write it into")
         atomic_write(args.html, render_comparison_html(comparison).encode())
     if args.json:
-        print(json.dumps(comparison.to_dict(), indent=2, default=json_default))
+        print_json(comparison.to_dict())
     else:
         print(comparison.text(max_shares=args.shares))
         if args.html:
@@ -86,8 +85,7 @@ def _analyzer_formats(text: str):
 
 def _print_report(report, paths: dict, out, as_json: bool = False) -> None:
     if as_json:  # the report's summary and where its files are
-        print(json.dumps({"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}},
-                         indent=2, default=str))
+        print_json({"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}})
         return
     print(report.summary_table())
     _print_written(paths, out)
@@ -201,7 +199,6 @@ def cmd_analyze(args) -> int:
 def _emulated(args, script_args) -> int:
     """`--emulate RECIPE` alone: the script under emulation; with `--confirm`: FP32, unprotected and
     recommended runs into the report (fpsim.emulate.confirm). Exit codes as cmd_analyze's."""
-    import json
     import traceback
 
     from ..emulate import confirm
@@ -221,7 +218,7 @@ def _emulated(args, script_args) -> int:
               file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(section, indent=2))
+        print_json(section)
     else:
         where = "report.json" if args.confirm else "emulation.json"
         print(f"\n{confirm.table(section)}\n\nlosses written to {args.out}/: {where}, {section['figure']}")

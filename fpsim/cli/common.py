@@ -3,19 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
+import math
+from fractions import Fraction
 
 
-def fmt_number(value) -> str:
-    value = float(value)
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
-    return f"{value:.8g}"
+def to_float(value) -> float:
+    """The nearest float64 to a number, and ±inf beyond float64's range (where float() of an exact
+    fraction or integer raises OverflowError), as float64 arithmetic would round it."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def fmt_number(value, spec: str = ".8g") -> str:
+    """A number for humans, formatted with `spec`; an exact fraction beyond float64's range keeps its
+    digits (through decimal) rather than showing as inf."""
+    number = to_float(value)
+    if math.isinf(number) and isinstance(value, (int, Fraction)):
+        exact = Fraction(value)
+        number = decimal.Context(prec=60).divide(decimal.Decimal(exact.numerator), decimal.Decimal(exact.denominator))
+    elif number != number or math.isinf(number):
+        return str(number)
+    return format(number, spec)
 
 
 def json_number(value):
-    """A float for JSON; Inf and NaN (which JSON lacks) as the strings "inf", "-inf", "nan"."""
-    value = float(value)
+    """A float for JSON; Inf and NaN (which JSON lacks) as the strings "inf", "-inf", "nan", and so is a
+    magnitude beyond float64's range (it rounds to an infinity)."""
+    value = to_float(value)
     if value != value:
         return "nan"
     if value in (float("inf"), float("-inf")):
@@ -23,8 +41,24 @@ def json_number(value):
     return value
 
 
+def strict_json(data):
+    """data with every float as json_number gives it and numpy/torch numbers and arrays as Python ones,
+    so that it dumps as strict JSON (RFC 8259 has no NaN or Infinity)."""
+    if isinstance(data, dict):
+        return {key: strict_json(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json(value) for value in data]
+    if isinstance(data, float):
+        return json_number(data)
+    if hasattr(data, "tolist") and not isinstance(data, (str, bytes)):  # numpy or torch numbers and arrays
+        return strict_json(data.tolist())
+    return data
+
+
 def print_json(data) -> None:
-    print(json.dumps(data, indent=2))
+    """Every command's --json output: strict JSON (allow_nan=False makes a non-finite float that slipped
+    through an error, not an invalid token); values JSON has no type for (paths) as text."""
+    print(json.dumps(strict_json(data), indent=2, allow_nan=False, default=str))
 
 
 def print_table(header, rows) -> None:
@@ -33,13 +67,6 @@ def print_table(header, rows) -> None:
     print("  ".join("-" * w for w in widths))
     for row in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-
-
-def json_default(value):
-    """numpy numbers and other leftovers in study values, as JSON."""
-    if hasattr(value, "item"):
-        return json_number(value.item()) if isinstance(value.item(), float) else value.item()
-    return str(value)
 
 
 def positive_int(text: str) -> int:

@@ -69,39 +69,80 @@ def cmd_formats(args) -> int:
     return 0
 
 
-_DECIMAL = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$")
+_SPECIAL = re.compile(r"[+-]?(inf|infinity|nan)")  # as Python's float() reads them, in any case
+_DIGITS = r"\d+(?:_\d+)*"  # underscores between digits, as Python's float() and Fraction() allow
+_DECIMAL = re.compile(rf"[+-]?({_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:e([+-]?{_DIGITS}))?")  # one parse only
+_RATIO = re.compile(rf"[+-]?({_DIGITS})/({_DIGITS})")
+_MAX_LENGTH = 100_000
+"""The longest number read (Python itself refuses integers of more than 4300 digits as text)."""
 # Every format's values lie within [2^-1074, 2^1024): a typed magnitude beyond these bounds rounds
 # as the bound does in every format and mode, and the bound keeps the exact arithmetic small.
 _HUGE, _TINY = Fraction(2) ** 1100, Fraction(1, 2**1200)
+_HUGE_NOTE = "beyond every format's range: rounded as 2^1100"
+_TINY_NOTE = "below every format's smallest value: rounded as 2^-1200"
 
 
 def _parse_value(text: str):
     """The exact value a user typed (a decimal or fraction string, or inf/nan), and a note when a
-    magnitude beyond every format's range stands in for it (1e999999, 1e-30000000)."""
+    magnitude beyond every format's range stands in for it (1e999999, 1e-30000000). A zero typed with
+    a minus sign is -0.0, as float() reads it."""
     lowered = text.strip().lower()
-    if lowered in ("inf", "+inf", "infinity", "-inf", "-infinity", "nan", "-nan", "+nan"):
+    if _SPECIAL.fullmatch(lowered):
         return float(lowered), None
-    if lowered in ("-0", "-0.0"):
-        return -0.0, None
-    match = _DECIMAL.match(lowered)
-    if match:
-        digits = match.group(1).replace(".", "")
-        if digits.strip("0"):
-            exponent = int(match.group(2)[1:]) if match.group(2) else 0
-            point = match.group(1).find(".")
-            whole = len(match.group(1)) if point < 0 else point
-            first = len(digits) - len(digits.lstrip("0"))  # leading zeros of the digit string
-            log10 = exponent + whole - first  # 10^(log10 - 1) <= |value| < 10^log10
-            sign = -1 if lowered.startswith("-") else 1
-            if log10 > 340:
-                return sign * _HUGE, "beyond every format's range: rounded as 2^1100"
-            if log10 < -340:
-                return sign * _TINY, "below every format's smallest value: rounded as 2^-1200"
-    try:
-        return Fraction(text.strip()), None
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"cannot read {text!r} as a number (decimal like 0.1 or 1e-5, a fraction "
-                         f"like 1/3, inf or nan)") from None
+    if len(lowered) > _MAX_LENGTH:
+        raise ValueError(f"{_shown(text)} is too long: numbers of at most {_MAX_LENGTH} characters are read")
+    decimal, ratio = _DECIMAL.fullmatch(lowered), _RATIO.fullmatch(lowered)
+    if decimal:
+        value, stand_in = _decimal_value(*decimal.groups())
+    elif ratio and _integer(ratio.group(2)):
+        value, stand_in = _bounded(Fraction(_integer(ratio.group(1)), _integer(ratio.group(2))))
+    else:
+        raise ValueError(f"cannot read {_shown(text)} as a number (decimal like 0.1 or 1e-5, a fraction "
+                         f"like 1/3, inf or nan)")
+    if lowered.startswith("-"):
+        return (-value if value else -0.0), stand_in
+    return value, stand_in
+
+
+def _shown(text: str) -> str:
+    """The text in an error message, cut short when it is long."""
+    return repr(text) if len(text) <= 60 else repr(text[:40]) + f"... ({len(text)} characters)"
+
+
+def _decimal_value(mantissa: str, exponent: str | None):
+    """The magnitude of a decimal (its sign is the caller's), or the bound that stands in for it."""
+    whole, _, decimals = mantissa.replace("_", "").partition(".")
+    digits = (whole + decimals).lstrip("0")
+    if not digits:
+        return Fraction(0), None
+    scale = (_integer(exponent) if exponent else 0) - len(decimals)  # |value| = digits * 10^scale
+    log10 = scale + len(digits)  # 10^(log10 - 1) <= |value| < 10^log10
+    if log10 > 340:  # 10^340 > _HUGE: the decimal's digits need not be read
+        return _HUGE, _HUGE_NOTE
+    if log10 < -340:
+        return _TINY, _TINY_NOTE
+    return _bounded(_integer(digits) * Fraction(10) ** scale)
+
+
+def _bounded(magnitude: Fraction):
+    """A magnitude, or the bound that stands in for it beyond every format's range, with its note."""
+    if magnitude > _HUGE:
+        return _HUGE, _HUGE_NOTE
+    if 0 < magnitude < _TINY:
+        return _TINY, _TINY_NOTE
+    return magnitude, None
+
+
+def _integer(text: str) -> int:
+    """int(text) for any number of digits: int() refuses more than sys.get_int_max_str_digits() (4300)
+    at once, so the digits are read in chunks below that limit."""
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    digits = digits.replace("_", "")
+    value = 0
+    for start in range(0, len(digits), 4000):
+        chunk = digits[start:start + 4000]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return sign * value
 
 
 def _bits_string(code: int, fmt: Format) -> str:
@@ -153,7 +194,7 @@ def cmd_cast(args) -> int:
                     print(f"neighbours  {fmt_number(low)} < {text} < {shown_high}")
                 if result == result and abs(result) != float("inf"):
                     error = (Fraction(result) - value) / value
-                    print(f"rel. error  {float(error):+.4e}")
+                    print(f"rel. error  {fmt_number(error, '+.4e')}")
             print()
     if args.json:
         print_json(results)
@@ -175,9 +216,9 @@ def _cast_facts(text: str, value, stand_in, fmt: Format, result: float, args) ->
     if isinstance(value, Fraction) and value != 0 and not stand_in:
         low, high = exact.neighbours(fmt, abs(value))
         low, high = (-high, -low) if value < 0 else (low, high)
-        facts["neighbours"] = [float(low), float(high)]
+        facts["neighbours"] = [json_number(low), json_number(high)]
         if result == result and abs(result) != float("inf"):
-            facts["rel_error"] = float((Fraction(result) - value) / value)
+            facts["rel_error"] = json_number((Fraction(result) - value) / value)
     return facts
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
-from .common import add_output_options, json_default, print_json
+from .common import add_output_options, print_json
 
 
 def cmd_study(args) -> int:
@@ -45,7 +44,7 @@ def cmd_study(args) -> int:
             print(f"  figure  {path}")
         print(f"  {result.seconds:.1f} s")
     if args.json:
-        print(json.dumps(done, indent=2, default=json_default))
+        print_json(done)
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .common import json_default, json_number, nonnegative_int, print_json
+from .common import json_number, nonnegative_int, print_json
 
 
 def cmd_validate(args) -> int:
@@ -79,7 +79,7 @@ def cmd_probes(args) -> int:
     table = features.probe_table(args.device, args.inputs, args.output, **({"path": args.path} if args.path else {}))
     if args.json:
         print_json({"device": args.device, "inputs": args.inputs, "output": args.output, "path": args.path,
-                     "features": {key: json_default(table[key]) if table.get(key) is not None else None
+                     "features": {key: table.get(key)
                                   for key in features.FEATURES}})
         return 0
     print(f"model {args.device}, {args.inputs} -> {args.output}")
