@@ -276,3 +276,24 @@ def test_cast_reads_a_decimal_longer_than_pythons_int_digit_limit(capsys):
     code, _, err = run(capsys, "cast", "1" * 100_001, "--to", "fp16")
     assert code == 2 and "too long: numbers of at most 100000 characters are read" in err
     assert len(err) < 300  # the number is not echoed whole
+
+
+@pytest.mark.parametrize("argv,script_args", [
+    (["SCRIPT", "--", "a", "--", "b"], ["a", "--", "b"]),
+    (["SCRIPT", "--", "--", "x"], ["--", "x"]),
+    (["SCRIPT", "--steps", "3", "--", "a", "--", "b"], ["a", "--", "b"]),
+    (["--steps", "3", "SCRIPT", "--", "--lr", "1"], ["--lr", "1"]),
+    (["SCRIPT", "--lr", "1"], ["--lr", "1"]),
+])
+def test_analyze_passes_everything_after_the_first_double_dash_to_the_script(tmp_path, argv, script_args):
+    """docs/analyzer.md: the script's arguments follow `--` (fpsim's options before the script or between it
+    and `--`; without `--` all go to the script), and sys.argv is what `python SCRIPT ARGS` sets: python keeps
+    a later `--`, which the expected lists restate."""
+    script = tmp_path / "argv.py"
+    record = tmp_path / "argv.json"
+    script.write_text(f"import json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\nsys.exit(0)\n")
+    argv = [str(script) if arg == "SCRIPT" else arg for arg in argv]
+    main(["analyze", "--out", str(tmp_path / "report"), "-q", *argv])  # exit 1: the script trains nothing
+    assert json.loads(record.read_text()) == script_args
+    subprocess.run([sys.executable, str(script), *script_args], check=True)
+    assert json.loads(record.read_text()) == script_args

@@ -12,6 +12,7 @@ import os
 import sys
 
 from . import analyze, formats, study, tensorcore
+from .common import Parser
 
 __all__ = ["main", "build_parser"]
 
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point format simulator.")
     parser.add_argument("--version", action="version",
                         version=f"fpsim {__version__} (distribution fpsim-mixed-precision)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in (formats.add_formats_parser, formats.add_cast_parser, tensorcore.add_validate_parser,
                 tensorcore.add_probes_parser, analyze.add_compare_parser, study.add_study_parser,
                 tensorcore.add_capture_parser, analyze.add_demo_parser, analyze.add_analyze_parser):

@@ -143,14 +143,13 @@ def cmd_analyze(args) -> int:
         raise ValueError("give a training script (fpsim analyze train.py -- ARGS) or --demo")
     from ..analyze.runner import ScriptRun
 
-    script_args = list(args.script_args)
-    if "--" in script_args:  # fpsim's options may also sit between the script and `--`
-        cut = script_args.index("--")
-        options, script_args = script_args[:cut], script_args[cut + 1:]
-        if options:
+    script_args = list(args.script_args)  # without `--`: everything after the script
+    if args.after_dashes is not None:  # with `--`: its arguments; what sits between the script and it: ours
+        if script_args:
             parser = argparse.ArgumentParser(prog="fpsim analyze SCRIPT", add_help=False)
             _add_analyzer_options(parser, with_modules=True)
-            parser.parse_args(options, namespace=args)
+            parser.parse_args(script_args, namespace=args)
+        script_args = args.after_dashes
     if args.emulate or args.confirm:
         from ..emulate.confirm import check_confirm
 
@@ -277,7 +276,7 @@ def add_demo_parser(sub) -> None:
 def add_analyze_parser(sub) -> None:
     """The subcommand `fpsim analyze SCRIPT -- ARGS`; its options, shared with demo: _add_analyzer_options."""
     p = sub.add_parser("analyze", help="observe a training script: which layers need loss scaling or FP32 "
-                                       "(fpsim analyze train.py -- ARGS)")
+                                       "(fpsim analyze train.py -- ARGS)", passthrough="after_dashes")
     p.add_argument("script", nargs="?", help="the training script, run as `python SCRIPT ARGS` would")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="fpsim options, then -- and the script's arguments (without --, all go to the script)")

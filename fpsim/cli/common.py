@@ -6,6 +6,7 @@ import argparse
 import decimal
 import json
 import math
+import sys
 from fractions import Fraction
 
 
@@ -67,6 +68,25 @@ def print_table(header, rows) -> None:
     print("  ".join("-" * w for w in widths))
     for row in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+
+
+class Parser(argparse.ArgumentParser):
+    """The commands' parser: with passthrough="DEST", the arguments after the first `--` go to DEST exactly
+    as typed, a later `--` included (None without a `--`), and argparse never sees them: Python versions
+    differ in which `--` argparse itself drops before a REMAINDER argument (3.11 drops the first)."""
+
+    def __init__(self, *args, passthrough: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.passthrough = passthrough
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.passthrough is None:
+            return super().parse_known_args(args, namespace)
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
+        namespace, extras = super().parse_known_args(args[:cut], namespace)
+        setattr(namespace, self.passthrough, args[cut + 1:] if cut < len(args) else None)
+        return namespace, extras
 
 
 def positive_int(text: str) -> int:
