@@ -107,7 +107,7 @@ def _check_codes(codes, fmt: Format):
     """The codes as int64, refusing non-integers and codes outside the format."""
     ops = _arrays.Ops(codes)
     if _arrays.is_packed_fp4(codes):
-        codes = _unpack_fp4_pairs(codes, fmt, ops)
+        codes = unpack_fp4_pairs(codes, fmt)
     if codes.dtype == object:  # Python ints beyond int64
         if not all(isinstance(v, int) for v in codes.ravel()):
             raise TypeError("codes must be integers, got an object array of other values")
@@ -130,8 +130,10 @@ def _refuse_outside(codes, outside, fmt: Format) -> None:
                          f"for {fmt.name} ({fmt.bits} bits)")
 
 
-def _unpack_fp4_pairs(packed, fmt: Format, ops):
-    """The uint8 codes of a torch.float4_e2m1fn_x2 tensor: low nibble first, last dimension doubled."""
+def unpack_fp4_pairs(packed, fmt: Format):
+    """The uint8 codes of a torch.float4_e2m1fn_x2 tensor: low nibble first, last dimension doubled (fmt:
+    the 4-bit format they are read in; fpsim.testing compares such tensors through this too)."""
+    ops = _arrays.Ops(packed)
     if fmt.bits != 4:
         raise ValueError(f"a torch.float4_e2m1fn_x2 tensor holds 4-bit codes; {fmt.name} has {fmt.bits} bits")
     byte = ops.view(packed, "uint8")

@@ -6,7 +6,8 @@
     assert_within_ulps(my_kernel(a, b), reference, fmt="fp32", ulps=2)
 
 Both assertions accept numpy arrays (ml_dtypes dtypes included), torch tensors
-(any device), numpy scalars and Python numbers, in any mix; a scalar is
+(any device; a float4_e2m1fn_x2 tensor as its E2M1 codes, two a byte, as
+fpsim.decode reads it), numpy scalars and Python numbers, in any mix; a scalar is
 compared with every element of the other side. A failure raises
 AssertionError listing the first mismatches (index, bit patterns in hex and
 decoded values), so that a failing hypothesis example shows what went wrong
@@ -25,7 +26,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import exact
+from . import _arrays, exact
+from .codec import unpack_fp4_pairs
 from .formats import Format, format as get_format
 
 __all__ = ["assert_bitwise_equal", "assert_within_ulps", "ulp"]
@@ -41,8 +43,10 @@ class _Side:
     def __init__(self, x, fmt: Format | None, name: str):
         self.name = name
         self.codes = None  # integer codes of fmt, when the input was given as codes
+        if _arrays.is_packed_fp4(x):  # two E2M1 codes a byte: compared as the codes fpsim.decode reads
+            fmt = fmt or get_format(x.dtype)
+            x = unpack_fp4_pairs(x.detach(), fmt)
         self.fmt = fmt
-        self.torch = False
         raw = _to_numpy(x)
         if isinstance(x, (bool, np.bool_)) or raw.dtype == bool:
             raise TypeError(f"{name}: cannot compare booleans ({x!r}); give numbers, arrays or tensors")
@@ -365,10 +369,10 @@ def assert_within_ulps(actual, desired, fmt: "str | Format", ulps: float = 1, *,
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.where(finite, np.abs(av - dv), np.inf)
         tol = step * float(ulps)
-        ok = finite & (diff <= tol)
+        ok = np.asarray(finite & (diff <= tol))  # an array even for 0-d inputs (numpy gives a scalar)
         # float64 subtraction can round: settle elements near the limit with fractions
         near = finite & np.isclose(diff, tol, rtol=1e-9, atol=0)
-    for index in zip(*np.nonzero(near)):
+    for index in map(tuple, np.argwhere(near)):  # argwhere: 0-d arrays too (scalars)
         err = abs(Fraction(float(av[index])) - Fraction(float(dv[index])))
         ok[index] = err <= Fraction(float(step[index])) * Fraction(float(ulps))
     ok |= a_nan & d_nan

@@ -103,6 +103,21 @@ def test_torch_and_ml_dtypes_inputs_show_their_own_bits():
     assert "actual 0x7e (448.0)" in message(lambda: assert_bitwise_equal(f8, 416.0, "e4m3"))
 
 
+@pytest.mark.skipif(not hasattr(torch, "float4_e2m1fn_x2"), reason="torch without float4_e2m1fn_x2")
+def test_packed_fp4_tensors_compare_as_their_codes():
+    """torch.float4_e2m1fn_x2 holds two E2M1 codes a byte, the first in the low nibble (PyTorch's packing, as
+    fpsim.decode's docstring says); the codes' values from ml_dtypes.float4_e2m1fn (one code a byte)."""
+    packed = torch.tensor([[0x12, 0xF0]], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    codes = np.array([[0x2, 0x1, 0x0, 0xF]], dtype=np.uint8)
+    assert_bitwise_equal(packed, codes.view(ml_dtypes.float4_e2m1fn), "e2m1")
+    assert_bitwise_equal(packed, codes.view(ml_dtypes.float4_e2m1fn))
+    assert_bitwise_equal(packed, codes, "e2m1")
+    other = torch.tensor([[0x32, 0xF0]], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    assert "at (0, 1): actual 0x1 (0.5), desired 0x3 (1.5)" in message(lambda: assert_bitwise_equal(packed, other))
+    with pytest.raises(ValueError, match="4-bit codes"):
+        assert_bitwise_equal(packed, codes, "e4m3")
+
+
 def test_at_most_five_mismatches_are_listed_with_the_count():
     text = message(lambda: assert_bitwise_equal(np.arange(10.0).reshape(2, 5), np.zeros((2, 5)), err_msg="ctx"))
     lines = text.splitlines()
@@ -278,3 +293,14 @@ def test_docs_recipes_pass(examples):
     quick = settings(database=None, derandomize=True, max_examples=50, deadline=None)
     for name in ("test_ml_dtypes_e5m2_codes", "test_torch_float8_e4m3fn_cast", "test_dot_fp32_error_bound"):
         settings(quick)(getattr(recipes, name))()
+
+
+@pytest.mark.parametrize("actual,desired", [
+    (1.0, 1.0 + 2**-9), (np.float32(1), np.float32(1 + 2**-9)), (np.array(1.0), np.array(1 + 2**-9)),
+    (torch.tensor(1.0), 1 + 2**-9), (1, np.array([1.0, 1 + 2**-9])),
+])
+def test_within_ulps_takes_scalars_and_0d_arrays(actual, desired):
+    """docs/testing.md: numpy scalars and Python numbers are accepted. fp16's ulp at 1 is 2^-10 (10 fraction
+    bits, IEEE 754), so 1 and 1 + 2^-9 are exactly 2 ulps apart: within 2, not within 1.5."""
+    assert_within_ulps(actual, desired, "fp16", ulps=2)
+    assert "error 2 ulps" in message(lambda: assert_within_ulps(actual, desired, "fp16", ulps=1.5))
