@@ -49,6 +49,13 @@ def _generation_rows(fast: bool) -> list[dict]:
     return rows
 
 
+def _reading(row: dict, key: str) -> str:
+    """A probe's reading: '-' where it was not probed, 'cannot tell' where its rows cannot show it (None)."""
+    if key not in row:
+        return "-"
+    return "cannot tell" if row[key] is None else str(row[key])
+
+
 def _short(value) -> str:
     text = str(value if value is not None else "-")
     return text.replace("no: result falls from ", "no (").replace(" to ", " → ") + (")" if text.startswith("no: ") else "")
@@ -80,7 +87,7 @@ def run(report, fast: bool) -> None:
         preset = devices.parameters(r["generation"], r["inputs"], r["output"], r["path"])
         table.append((r["generation"], f"{r['inputs']} → {r['output']}", r["path"],
                       f"{preset.block_size} / {preset.window_bits} / {preset.rounding}",
-                      r.get("window", "-"), r.get("block_size", "-"), r.get("rounding", "-"),
+                      r.get("window", "-"), _reading(r, "block_size"), r.get("rounding", "-"),
                       f"{r.get('subnormal_inputs', '-')} / {r.get('subnormal_outputs', '-')}",
                       _short(r.get("monotonic")), r.get("carry", "-"), r.get("signed_zero", "-")))
     report.table(("generation", "inputs → output", "path", "preset F / window / rounding", "probe: window (bits)",
@@ -90,11 +97,12 @@ def run(report, fast: bool) -> None:
                          "each preset and read back with `features.measure` (window, rounding and subnormals on one "
                          "instruction's k, block size and carry on 64 products; 'monotonic' from "
                          "`features.monotonicity_example`), next to the preset's own parameters. A probe answers "
-                         "only what its rows can show: where it differs from the preset (Volta's block size 2, "
-                         "'window < 20', '21 fraction bits' and 'flushed' outputs on the FP8 → fp32 paths, 'block "
-                         "size 3' with fp16 output, 'none of' the modes on Ada FP8 → fp16), the probe's "
-                         "construction does not fit that path, and the preset, fitted to captured rows, is the "
-                         "answer. 'not probed': the construction needs binary32 output and inputs that hold 2^-w.")
+                         "only what its rows can show: where it differs from the preset ('window < 20', '21 "
+                         "fraction bits' and 'flushed' outputs on the FP8 → fp32 paths, 'none of' the modes on Ada "
+                         "FP8 → fp16), the probe's construction does not fit that path, and the preset, fitted to "
+                         "captured rows, is the answer; 'cannot tell': the block-size probe's half-ulp terms fall "
+                         "outside the path's window, or its rows fit no block size or several. 'not probed': the "
+                         "construction needs binary32 output and inputs that hold 2^-w.")
     gen_rows = [dict(r, preset=devices.parameters(r["generation"], r["inputs"], r["output"], r["path"]))
                 for r in gen_rows]
     report.values["generation_rows"] = len(gen_rows)
@@ -118,7 +126,7 @@ def run(report, fast: bool) -> None:
         dominated, decreasing = dominated + pairs, decreasing + falls
         path = case.meta.get("path") or "native"
         rows.append((f"`{case.name}`", f"{case.meta['inputs']} → {case.meta['output']}", path,
-                     real.get("window", "-"), real.get("rounding", "-"), real.get("block_size", "-"),
+                     real.get("window", "-"), real.get("rounding", "-"), _reading(real, "block_size"),
                      f"{real.get('subnormal_inputs', '-')} / {real.get('subnormal_outputs', '-')}",
                      real.get("monotonic", "-"), real.get("carry", "-"),
                      "all agree" if not differ else "differ: " + ", ".join(
@@ -217,7 +225,7 @@ every captured row, predicts it. Running the rows of
         preset = r["preset"]
         probe_ok = r.get("window") == str(preset.window_bits) and r.get("block_size") == str(preset.block_size)
         parts.append(f"{gen} F = {preset.block_size}, w = {preset.window_bits}"
-                     + ("" if probe_ok else f" (probe reads F = {r.get('block_size')}, w = {r.get('window')})"))
+                     + ("" if probe_ok else f" (the probes read F: {_reading(r, 'block_size')}, w: {r.get('window')})"))
     per_gen = "; ".join(parts)
     fp8 = features.measure_capture(capture.case("wgmma_m64n8k32_f16_e4m3"))
     drops = ", ".join(f"{lab.split()[0]} by {v}" for lab, v in report.values["drops"].items())

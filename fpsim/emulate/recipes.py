@@ -172,4 +172,3 @@ def resolve(recipe):
 
 __all__ = ["AutocastRecipe", "BlockScaling", "CurrentScaling", "DelayedScaling", "FP8Recipe", "NAMED", "PerChannelScaling",
            "resolve"]
-
