@@ -150,7 +150,8 @@ def reference_dot(a, b, c=None, method: str = "exact"):
             continue
         y = p32[..., k] - compensation
         t = s + y
-        compensation = (t - s) - y
+        # (once the sum is Inf or NaN, no compensation: Inf - Inf would turn an infinite sum into NaN)
+        compensation = ops.where(ops.isnan(t - t), ops.zeros_like(t), (t - s) - y)
         s = t
     return s
 
