@@ -39,7 +39,11 @@ through it, attributed to the compiled module. TorchScript modules run their
 inside as one call: their ops are attributed to the scripted module itself.
 View ops and copies (no new values: clone, _unsafe_view, copy_),
 uninitialised allocations (empty) and constants (zeros, ones, full, *_like)
-are skipped; a change of dtype (_to_copy, autocast's casts) is an op.
+are skipped, though a skipped op that consumes an observed op's output gets
+that output its gradient hook (a Linear on 3-D input: addmm, then a view); a
+change of dtype (_to_copy, autocast's casts) is an op. Of an op with several
+floating outputs, those its meta kernel keeps in float32 for float16 inputs
+(a fused kernel's statistics) are not handed on: no FP16 run stores them in FP16.
 """
 
 from __future__ import annotations
@@ -216,6 +220,42 @@ def _float_outputs(out, tensor_type) -> list:
     return []
 
 
+_WIDE_OUTPUTS: dict = {}
+"""Ops of several floating outputs -> which of them stay float32 when the inputs are float16 (None: unknown)."""
+
+
+def _low_precision_outputs(func, args, kwargs, outputs: list) -> list:
+    """The outputs of a forward op that a low-precision run holds in low precision: those its meta kernel
+    gives in float16 for float16 inputs. A fused kernel's statistics stay float32 whatever its inputs
+    (CPU flash attention's log-sum-exp, a norm's mean and inverse deviation): a run in FP16 never stores
+    them in FP16, so they are not judged as its activations. Asked once per op; without a meta kernel,
+    all."""
+    wide = _WIDE_OUTPUTS.get(func, False)
+    if wide is False:
+        wide = _WIDE_OUTPUTS[func] = _wide_outputs(func, args, kwargs or {})
+    if wide is None or len(wide) != len(outputs):
+        return outputs
+    return [t for t, stays_wide in zip(outputs, wide) if not stays_wide]
+
+
+def _wide_outputs(func, args, kwargs) -> tuple | None:
+    import torch
+
+    def as_meta(x):
+        if isinstance(x, torch.Tensor):
+            dtype = torch.float16 if x.is_floating_point() else x.dtype
+            return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
+        if isinstance(x, (list, tuple)):
+            return type(x)(as_meta(v) for v in x)
+        return x
+
+    try:
+        out = func(*as_meta(args), **{k: as_meta(v) for k, v in kwargs.items()})
+    except Exception:   # no meta kernel, or one that needs data
+        return None
+    return tuple(t.dtype == torch.float32 for t in _float_outputs(out, torch.Tensor))
+
+
 def _replace(out, old: list, new: list):
     """`out` with the tensors of `old` swapped for `new` (same order)."""
     if not isinstance(out, (tuple, list)):
@@ -244,7 +284,7 @@ def _make_mode_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func._op(*args, **kwargs) if kwargs else func._op(*args)   # what func(...) calls
-            return self.tracer._on_op(func, out, args)
+            return self.tracer._on_op(func, out, args, kwargs)
 
     return _Mode
 
@@ -414,17 +454,36 @@ class Tracer:
                 self.client.tagged_grad(tag, grad)
         return None
 
-    def _on_op(self, func, out, args=()):
+    def _pass_on(self, args) -> None:
+        """A skipped forward op (a view, a copy): the observed ops whose outputs it consumes get their
+        gradient pre-hook, as a later op's inputs would (a Linear on 3-D input is addmm and a view: the
+        view alone consumes addmm's output); and if it made an autograd node, the next observed op does
+        not take that node for its own."""
+        sequence = self._next_sequence()
+        if sequence != self._last_sequence:
+            self._last_sequence = sequence
+        if self._grad_wanted:
+            self._hook_inputs(args)
+
+    def _on_op(self, func, out, args=(), kwargs=None):
         op = _OP_NAMES.get(func, False)
         if op is False:
             op = _OP_NAMES[func] = _op_name(func)
-        if op is None or getattr(self._busy, "on", False):
+        if getattr(self._busy, "on", False):
+            return out
+        if op is None:
+            if self._current_node() is None:
+                self._pass_on(args)
             return out
         outputs = _float_outputs(out, self._tensor)
         if not outputs:
             return out
         node = self._current_node()
         if node is None:
+            if len(outputs) > 1:
+                outputs = _low_precision_outputs(func, args, kwargs, outputs)
+                if not outputs:
+                    return out
             module = self._stack[-1] if self._stack else OUTSIDE
             site = self._sites.get((module, op))
             if site is None:
@@ -535,7 +594,7 @@ class _PassThrough:
     def __init__(self):
         self.client = self._Client()
 
-    def _on_op(self, func, out, args=()):
+    def _on_op(self, func, out, args=(), kwargs=None):
         return out
 
 

@@ -81,6 +81,7 @@ class Mass:
         return float(self.l2.sum())
 
 
+@np.errstate(invalid="ignore", over="ignore")   # a mass beyond float64 (Inf): NaN shares, no warning
 def effects(hist: Log2Histogram, mass: Mass | None, lim, scales, overflows, rounding: bool = True) -> dict:
     """EFFECT_KEYS -> float64 array over `scales` (log2 scales applied before the cast), for format `lim`.
 

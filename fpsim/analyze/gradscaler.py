@@ -40,6 +40,9 @@ class GradScalerPrediction:
     first_unskipped_step: int | None
     trajectory: list
     steps_per_entry: int
+    forward_overflows: list = dataclasses.field(default_factory=list)
+    """Layers and ops whose forward values overflow the format: the replay, of the gradients, holds for a run
+    that keeps them in FP32 (in the format they become Inf, which can make the loss and gradients Inf/NaN)."""
 
     def to_dict(self) -> dict:
         return {
@@ -49,6 +52,7 @@ class GradScalerPrediction:
             "final_scale_log2": _log2(self.final_scale), "min_scale": self.min_scale, "max_scale": self.max_scale,
             "first_unskipped_step": self.first_unskipped_step,
             "trajectory": [[s, v] for s, v in self.trajectory], "steps_per_entry": self.steps_per_entry,
+            "forward_overflows": list(self.forward_overflows),
         }
 
 

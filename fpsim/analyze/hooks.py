@@ -51,6 +51,8 @@ LOW_PRECISION = ("torch.float16", "torch.bfloat16")
 COUNTED_CACHE = 256
 """Counts of this many recent tensors are kept, so that a tensor seen again (an op output that is also its
 module's output, a gradient reaching two hooks) is added again without a second pass."""
+MAX_OUTPUT_HOOKS = 4096
+"""Module outputs with a gradient hook of their own, at most (entries of tensors gone are dropped then)."""
 
 
 class StopRun(BaseException):
@@ -157,6 +159,8 @@ class Watcher:
         self._snapshots: dict = {}
         self._weights_copy = None                        # the buffer the updates' "before" is copied into
         self._handles: list = []
+        self._output_hooks: dict = {}                   # (id(tensor), record) -> (weakref, handle): one hook per
+                                                        #   module output a tracer node does not carry
         self._scalers = None
         self._scaler = None                              # the GradScaler that scaled this step's backward
         self._inverse_scale = None
@@ -316,6 +320,9 @@ class Watcher:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for _, handle in self._output_hooks.values():
+            handle.remove()
+        self._output_hooks = {}
         if self._scalers is not None:
             self._scalers.restore()
         self._snapshots.clear()
@@ -375,8 +382,9 @@ class Watcher:
             seen = self._dtypes.get(name)
             if seen is None:
                 seen = self._dtypes[name] = {}
+            in_place = site.op.endswith("_")   # (aten's in-place ops: torch bumps the version after this)
             for t in outputs:
-                self._count(name, "activation", t)
+                self._count(name, "activation", t, cached=not in_place)
                 seen[t.dtype] = seen.get(t.dtype, 0) + 1
         except Exception as err:
             self._fail(err)
@@ -423,7 +431,7 @@ class Watcher:
                     self._count(record, "activation", t)
                 if "activation_grad" in self.kinds and t.requires_grad and t.grad_fn is not None \
                         and not self._tracer.hook_output(t, record):    # an op's output: its node's pre-hook
-                    t.register_hook(self._gradient_hook(record))        # dies with the tensor: never on a leaf
+                    self._hook_output(t, record)
         except Exception as err:
             self._fail(err)
 
@@ -440,6 +448,18 @@ class Watcher:
                 self.autocast[device] = str(torch.get_autocast_dtype(device)).replace("torch.", "")
 
     # ---------------------------------------------------------------- hooks
+    def _hook_output(self, tensor, record: str) -> None:
+        """A gradient hook on a module output that no op of this step made (a tensor a module keeps and returns
+        again, say): once per tensor and record, however often it is returned; removed at close, and
+        forgotten with the tensor."""
+        key = (id(tensor), record)
+        hooked = self._output_hooks.get(key)
+        if hooked is not None and hooked[0]() is tensor:
+            return
+        if len(self._output_hooks) >= MAX_OUTPUT_HOOKS:       # drop the entries of tensors gone
+            self._output_hooks = {k: v for k, v in self._output_hooks.items() if v[0]() is not None}
+        self._output_hooks[key] = (weakref.ref(tensor), tensor.register_hook(self._gradient_hook(record)))
+
     def _gradient_hook(self, name: str):
         def on_gradient(grad):
             if self._active and self._sampled:
@@ -565,6 +585,8 @@ class Watcher:
 
     def _count_optimizer_side(self, optimizer, groups) -> None:
         """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
+        import torch
+
         scaler = self._scaler() if self._scaler is not None else None
         scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
         grad_items, grad_samples, update_items = [], [], []   # what the kernel counts in one call each
@@ -593,7 +615,8 @@ class Watcher:
                 continue
             now = _flat(params)
             before = before.narrow(0, offset, now.numel())
-            update = now - before
+            wide = torch.promote_types(now.dtype, torch.float32)    # 16-bit weights: their update in float32,
+            update = now.to(wide) - before.to(wide)                 # not rounded to their own format again
             row, counts = self._count(name, "update", update)
             if counts is not None:
                 self._store.add_lost(row, self._lost_updates(update, before))
@@ -629,12 +652,13 @@ class Watcher:
             self._wake(self._sampled)
 
     # -------------------------------------------------------------- counting
-    def _count(self, name: str, kind: str, tensor, unscale: bool = False):
+    def _count(self, name: str, kind: str, tensor, unscale: bool = False, cached: bool = True):
         """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty).
 
         unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
         A tensor counted a moment ago and unchanged since (same object, same
-        version) is added again from its counts.
+        version) is added again from its counts, unless `cached` is False (the
+        output of an in-place op, whose version torch bumps only after it).
         """
 
         if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
@@ -644,9 +668,9 @@ class Watcher:
         if row is None:
             row = store.row(name, kind, tensor)
         key, version = id(tensor), tensor._version
-        cached = self._counted.get(key)
-        if cached is not None and cached[0]() is tensor and cached[1] == version and cached[2] == unscale:
-            record, counts, amax, mass = cached[3:]
+        seen = self._counted.get(key) if cached else None
+        if seen is not None and seen[0]() is tensor and seen[1] == version and seen[2] == unscale:
+            record, counts, amax, mass = seen[3:]
             if record is not None:
                 store.add_record(row, record, amax, self.step)
             else:
@@ -665,7 +689,7 @@ class Watcher:
             if counts is None:
                 return row, None
             store.add(row, counts, amax, self.step, mass=mass if with_mass else None)
-        if with_mass:                   # (updates are fresh tensors: never seen again)
+        if with_mass and cached:        # (updates are fresh tensors: never seen again)
             try:
                 self._counted[key] = (weakref.ref(tensor), version, unscale, record, counts, amax, mass)
                 if len(self._counted) > COUNTED_CACHE:

@@ -156,4 +156,5 @@ def _gradscaler(name: str, d: dict) -> GradScalerPrediction:
     return GradScalerPrediction(name, d["init_scale"], d["growth_factor"], d["backoff_factor"],
                                 d["growth_interval"], d["steps"], d["skipped_steps"], d["final_scale"],
                                 d["min_scale"], d["max_scale"], d["first_unskipped_step"],
-                                [tuple(p) for p in d["trajectory"]], d["steps_per_entry"])
+                                [tuple(p) for p in d["trajectory"]], d["steps_per_entry"],
+                                list(d.get("forward_overflows", [])))

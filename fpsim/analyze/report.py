@@ -526,6 +526,8 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
         if not lim.per_tensor_scaled and lim.emax < 127:  # GradScaler is for formats narrower than FP32
             prediction = simulate_gradscaler(snapshot.step_amax, snapshot.steps_per_entry, run.get("steps", 0), lim)
             if prediction is not None:
+                prediction.forward_overflows = [e.name for e in entries.values() if "activation" in e.tensors
+                                                and e.tensors["activation"].overflows(lim)]
                 gradscaler[lim.name] = prediction
     counted, shadow_evidence = None, {}
     if shadow is not None:

@@ -125,6 +125,10 @@ def summary_table(report) -> str:
         lines.append(f"GradScaler replay ({name}, init 2^16, growth every {p.growth_interval} steps, every layer in "
                      f"{name}): {p.skipped_steps} of {p.steps} steps skipped, final scale "
                      f"{scale_text(round(math.log2(p.final_scale)) if p.final_scale > 0 else None)}")
+        if p.forward_overflows:
+            shown = ", ".join(p.forward_overflows[:6]) + (", ..." if len(p.forward_overflows) > 6 else "")
+            lines.append(f"  (with {shown} kept in FP32: their forward values overflow {name}, and the Inf they "
+                         f"become in {name} can turn the loss and gradients Inf/NaN, which skips the step)")
     if report.fp8:
         parts = []
         for kind, entry in report.fp8.items():

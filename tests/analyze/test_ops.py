@@ -73,6 +73,59 @@ def test_an_op_inside_a_module_that_overflows_fp16_is_a_finding():
     assert entry["entry"] == "op" and entry["module"] == "attn" and entry["verdicts"]["fp16"] == "fp32"
     assert "attn:mul" in data["summary"]["fp16"]["op_findings"]
     assert "attn:mul" in report.summary_table()
+    # the GradScaler replay, of the gradients, says that it holds with the overflowing op kept in FP32
+    assert "attn:mul" in report.gradscaler["fp16"].forward_overflows
+    assert "attn:mul" in data["gradscaler"]["fp16"]["forward_overflows"]
+    assert "attn.lin" not in report.gradscaler["fp16"].forward_overflows  # its module's output does not overflow
+    assert "kept in FP32: their forward values overflow fp16" in report.summary_table()
+
+
+class Encoder(nn.Module):
+    """A TransformerEncoderLayer (CPU flash attention) whose queries and keys are scaled up 300 times."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Linear(8, 32)
+        self.enc = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(32, 3)
+        with torch.no_grad():
+            self.enc.self_attn.in_proj_weight[:64] *= 300
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)).mean(1))
+
+
+def test_a_fused_kernels_float32_statistics_are_not_judged_as_fp16_activations():
+    # CPU flash attention returns its output and a float32 log-sum-exp of the logits (here beyond 65504):
+    # real FP16 autocast keeps that statistic in FP32 and trains with finite values, so the op is not
+    # judged fp32 for FP16; its output is counted (amax below the statistic's)
+    torch.manual_seed(0)
+    model = Encoder()
+    x, y = torch.randn(16, 11, 8), torch.randint(0, 3, (16,))
+    with torch.no_grad():
+        attn = model.enc.self_attn
+        qkv = nn.functional.linear(model.emb(x), attn.in_proj_weight, attn.in_proj_bias)
+        q, k = (t.reshape(16, 11, 4, 8).transpose(1, 2) for t in qkv.split(32, dim=-1)[:2])
+        assert (q @ k.transpose(-1, -2) / 8 ** 0.5).logsumexp(-1).abs().max() > 65504
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(x), y)
+        q = torch.randn(2, 4, 11, 8, dtype=torch.float16)
+        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q)[:2]
+    assert out.dtype == torch.float16 and logsumexp.dtype == torch.float32
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    model.zero_grad()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+        for _ in range(2):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    site = "enc.self_attn:_scaled_dot_product_flash_attention_for_cpu"
+    assert report.verdict(site, "fp16") != "fp32"
+    assert report.layer(site).tensors["activation"].amax < 65504
 
 
 def test_op_outputs_are_counted_exactly_forward_and_backward():
@@ -99,6 +152,54 @@ def test_op_outputs_are_counted_exactly_forward_and_backward():
     stats = w.report().layer("attn:mul").tensors
     assert_same(stats["activation"].hist, numpy_count(torch.cat([k.reshape(-1) for k in kept["out"]]).numpy()))
     assert stats["activation_grad"].samples == 1
+
+
+class Projections(nn.Module):
+    """A Linear on 3-D input (addmm, then a view that alone consumes addmm's output), an in-place ReLU on a
+    counted op output, and an op on data that needs no gradient (it makes no autograd node)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.h = h
+        noise = torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).exp()  # (no autograd node)
+        hidden = self.act(h * 1.0)
+        return self.head(hidden * noise).mean(1)
+
+
+def test_views_in_place_ops_and_ops_without_a_node_are_counted_exactly():
+    # against the tensors themselves, read by hooks of the test: the gradient of the Linear's output reaches
+    # addmm through the view (a transformer's every projection); ReLU(inplace=True) counts its own output,
+    # not the counts of the product it overwrote; randn and exp, which make no autograd node, get no gradient
+    torch.manual_seed(0)
+    model = Projections()
+    kept = {"h_grad": [], "relu": []}
+    model.act.register_forward_hook(lambda m, i, out: kept["relu"].append(out.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(2):
+            x, y = torch.randn(4, 5, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+            out = model(x)
+            model.h.register_hook(lambda grad: kept["h_grad"].append(grad.detach().clone()))
+            loss = nn.functional.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    addmm = report.layer("lin:addmm").tensors["activation_grad"]
+    assert addmm.samples == 2
+    assert_same(addmm.hist, numpy_count(torch.cat([k.reshape(-1) for k in kept["h_grad"]]).numpy()))
+    relu = report.layer("act:relu_").tensors["activation"]
+    assert relu.hist.zeros > 0
+    assert_same(relu.hist, numpy_count(torch.cat([k.reshape(-1) for k in kept["relu"]]).numpy()))
+    for no_node in ("Projections:randn", "Projections:exp"):      # (after the view's node: no longer taken for theirs)
+        assert "activation_grad" not in report.layer(no_node).tensors
 
 
 def test_the_tracer_hands_every_op_to_its_client_with_its_module():
@@ -345,6 +446,38 @@ def test_a_module_returning_its_parameter_gets_no_hook_on_it():
     assert hooks <= 1                                     # the one weight-gradient hook, not one per step
     assert not module.scale._backward_hooks               # removed at close
     assert w.report().layer("ReturnsItsParameter").tensors["weight_grad"].samples == 50
+
+
+class Table(nn.Module):
+    """Returns the same non-leaf tensor every step: a table computed once from its parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(4, 4))
+        self.cache = None
+
+    def forward(self):
+        if self.cache is None:
+            self.cache = self.p * 2
+        return self.cache
+
+
+def test_a_module_output_returned_every_step_gets_one_hook_and_none_after():
+    # one gradient per backward (torch's own count: 10 backward passes), one hook on the tensor whatever the
+    # steps, and none left on the user's tensor after the block
+    torch.manual_seed(0)
+    model = Table()
+    model()                                     # the table exists before the watch
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(10):
+            loss = model().sum()
+            opt.zero_grad()
+            loss.backward(retain_graph=True)
+            opt.step()
+            assert len(model.cache._backward_hooks or {}) <= 1
+    assert not model.cache._backward_hooks
+    assert w.report().layer("Table").tensors["activation_grad"].samples == 10
 
 
 def test_a_loss_module_made_every_step_is_one_root():

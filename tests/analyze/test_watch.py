@@ -309,3 +309,59 @@ def test_without_the_compiled_kernel_the_counts_and_mass_are_the_same(data, monk
             if t.mass is not None:
                 np.testing.assert_allclose(t.mass.l2, u.mass.l2, rtol=1e-9)
     assert without.to_dict()["layers"][0]["verdicts"] == with_kernel.to_dict()["layers"][0]["verdicts"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_updates_of_16_bit_weights_are_counted_from_their_exact_difference(dtype):
+    # the update is after - before as the weights hold them, counted against the exact difference (float64:
+    # exact for these), not that difference rounded to the weights' own 16-bit format
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    updates = []
+
+    def flat():
+        return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+
+    opt.register_step_pre_hook(lambda *_: updates.append(-flat()))
+    opt.register_step_post_hook(lambda *_: updates[-1].add_(flat()))
+    with watch(model, formats=("fp16", "bf16")) as w:
+        for _ in range(3):
+            loss = (model(torch.randn(8, 64, dtype=dtype)) * 10).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    update = w.report().layer("Linear").tensors["update"]
+    assert_same(update.hist, numpy_count(torch.cat(updates).numpy()))
+    assert update.amax == torch.cat(updates).abs().max().item()
+
+
+class Huge(nn.Module):
+    """A float64 model whose output, finite, lies beyond float32's range."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+
+    def forward(self, x):
+        return self.lin(x) * 1e200
+
+
+def test_finite_float64_values_beyond_float32_are_not_reported_non_finite():
+    # torch says every output is finite; the report must not name a first non-finite step, and building it
+    # must not warn into the user's run
+    torch.manual_seed(0)
+    model = Huge()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with watch(model, formats=("fp16",), modules="all") as w:
+        out = model(torch.randn(3, 4, dtype=torch.float64))
+        assert torch.isfinite(out).all()
+        opt.zero_grad()
+        (out * 1e-200).sum().backward()
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = w.report()
+        report.to_dict()
+    activation = report.layer("Huge").tensors["activation"]
+    assert activation.first_nonfinite_step is None and activation.hist.huge == 12
