@@ -418,13 +418,10 @@ def test_emulating_only_some_layers_runs_the_rest_in_fp32():
     assert_same_steps(got, expected)
 
 
-def test_without_master_weights_the_weights_are_stored_in_the_low_format():
-    cfg = TINY["bf16"]
-    model = gpt(cfg)
-    reference = twin(model)
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.copy_(p.bfloat16())
+def _bf16_weight_steps(reference, cfg, round_weights) -> list:
+    """Three real CPU autocast bf16 steps of `reference` (AdamW), its weights rounded by round_weights()
+    before the first step and after each: [(loss, {name: grad})] per step."""
+    round_weights()
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     expected = []
     for x, y in token_batches(cfg, 2, 3, seed=1):
@@ -434,9 +431,21 @@ def test_without_master_weights_the_weights_are_stored_in_the_low_format():
         loss.backward()
         expected.append((loss.detach(), {n: p.grad.clone() for n, p in reference.named_parameters()}))
         optimizer.step()
+        round_weights()
+    return expected
+
+
+def test_without_master_weights_the_weights_are_stored_in_the_low_format():
+    cfg = TINY["bf16"]
+    model = gpt(cfg)
+    reference = twin(model)
+
+    def round_all():
         with torch.no_grad():
             for p in reference.parameters():
                 p.copy_(p.bfloat16())
+
+    expected = _bf16_weight_steps(reference, cfg, round_all)
     emu_model = twin(model)
     got, _ = emulated(emu_model, cfg, 3, "bf16", policy="cpu", master_weights=False)
     assert_same_steps(got, expected)
@@ -488,17 +497,7 @@ def test_without_master_weights_a_kept_module_trains_with_fp32_weights():
                 if id(p) not in kept:
                     p.copy_(p.bfloat16())
 
-    round_the_rest()
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    expected = []
-    for x, y in token_batches(cfg, 2, 3, seed=1):
-        with real_autocast("bf16")():
-            _, loss = reference(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        expected.append((loss.detach(), {n: p.grad.clone() for n, p in reference.named_parameters()}))
-        optimizer.step()
-        round_the_rest()
+    expected = _bf16_weight_steps(reference, cfg, round_the_rest)
     emu_model = twin(model)
     got, _ = emulated(emu_model, cfg, 3, "bf16", policy="cpu", master_weights=False, keep=["h.0.attn"])
     assert_same_steps(got, expected)
