@@ -16,7 +16,6 @@ import os
 import warnings
 
 from ..analyze.hooks import DEFAULT_FORMATS, Watcher, run_status
-from ..analyze.limits import resolve_formats
 
 _NOT_OPTIONS = ("self", "model", "formats", "out")
 WATCH_OPTIONS = tuple(name for name in inspect.signature(Watcher.__init__).parameters if name not in _NOT_OPTIONS)
@@ -40,7 +39,8 @@ class FitObservation:
             raise TypeError(f"unknown option {unknown[0]!r}; the options of fpsim.watch are: {', '.join(WATCH_OPTIONS)}")
         if tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
             raise ImportError("tensorboard= needs the tensorboard package: pip install tensorboard")
-        resolve_formats(formats)                    # bad format names fail now, not when the fit starts
+        Watcher(None, formats, **watch_options)     # every value checked now, not when the fit starts (a watch
+                                                    # made is attached to nothing: it installs no hook)
         self.out, self.formats, self.tensorboard = out, formats, tensorboard
         self.tensorboard_every, self.watch_options = tensorboard_every, watch_options
         self.watcher = None
@@ -49,12 +49,13 @@ class FitObservation:
         self._writer = None
         self._finished = True
         self._exported_step = None
+        self._global_step = None                    # the framework's optimizer step last seen by `step`
 
     def start(self, model) -> None:
         """Attach a new watch to `model` (a fit starts)."""
         self.finish_quietly()
         self.watcher = Watcher(model, self.formats, **self.watch_options).attach()
-        self.report, self.paths, self._finished, self._exported_step = None, {}, False, None
+        self.report, self.paths, self._finished, self._exported_step, self._global_step = None, {}, False, None, None
         if self.tensorboard is not None:
             from ..analyze.tensorboard import summary_writer
 
@@ -63,6 +64,7 @@ class FitObservation:
     def step(self, global_step: int) -> None:
         """After a batch: TensorBoard events every `tensorboard_every` optimizer steps (once per step, also
         when gradient accumulation calls this for several batches of one step)."""
+        self._global_step = global_step
         if self._writer is None or self._finished or not global_step or global_step % self.tensorboard_every \
                 or global_step == self._exported_step:
             return
@@ -92,8 +94,8 @@ class FitObservation:
             except Exception as err:
                 warnings.warn(f"fpsim: could not build the report: {type(err).__name__}: {err}", RuntimeWarning)
         if self._writer is not None:
-            if self.report is not None:
-                steps = int(self.report.run.get("steps", 0))
+            if self.report is not None:   # at the framework's step (a resumed fit's, with several optimizers)
+                steps = self._global_step if self._global_step is not None else int(self.report.run.get("steps", 0))
                 self._export(self.report, steps, text=True, values=steps != self._exported_step)
             self._close_writer()
         return self.paths

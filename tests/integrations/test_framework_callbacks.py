@@ -113,6 +113,33 @@ def test_callback_options_are_checked_when_it_is_made():
         TrainerCallback(tensorboard="tb", tensorboard_every=0)
     with pytest.raises(TypeError, match="unknown option 'evrey'.*every"):
         LightningCallback(evrey=2)
+    with pytest.raises(ValueError, match="every must be a positive int"):        # values too, as watch checks
+        LightningCallback(every=0)
+    with pytest.raises(ValueError, match="unknown tensor kind 'bogus'"):
+        TrainerCallback(kinds=("bogus",))
+    with pytest.raises(TypeError, match="ops must be True or False"):
+        LightningCallback(ops="yes")
+
+
+def test_tensorboard_steps_of_a_resumed_fit_are_the_trainers(tmp_path):
+    # a fit resumed at Lightning's step 4 runs to 8: its events at steps 6 and 8 (the trainer's global_step,
+    # as docs/integrations.md says), the last one not written again under the watch's own count (4)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(0)
+    model = LitRegressor()
+    first = lightning_fit(model, max_steps=4)
+    first.save_checkpoint(tmp_path / "step4.ckpt")
+    callback = LightningCallback(out=None, formats=("fp16",), tensorboard=tmp_path / "tb", tensorboard_every=2)
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[callback], max_steps=8,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=tmp_path / "step4.ckpt")
+    assert trainer.global_step == 8 and callback.report.run["steps"] == 4
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("verdict/fp16/net.0")] == [6, 8]
 
 
 def training_args(folder, steps=4):
