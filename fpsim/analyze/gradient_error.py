@@ -12,10 +12,12 @@ import math
 
 
 def flat(grads: dict, names: list):
-    """One flat float32 tensor of the named gradients (None when none of them has one)."""
+    """One flat float32 tensor of the named gradients (None when none of them has one); a sparse gradient
+    (Embedding(sparse=True)) as its dense values."""
     import torch
 
-    parts = [grads[n].reshape(-1) for n in names if grads.get(n) is not None]
+    parts = [(g.to_dense() if g.is_sparse else g).reshape(-1) for g in (grads.get(n) for n in names)
+             if g is not None]
     return torch.cat(parts) if parts else None
 
 

@@ -1,14 +1,16 @@
 """Shadow steps: replay a sampled training step in low precision and measure what it does to the gradients.
 
 On a shadowed step, before the root model's first forward, its inputs (args
-and kwargs), its buffers and the RNG state are copied; in the real backward,
+and kwargs), its buffers, the RNG streams and the modules' attribute bindings
+are copied (`_RunState`); in the real backward,
 the gradient arriving at each of its output tensors is copied too (the loss
 function need not be known). Before the optimizer steps (the parameters are
 still those the forward used), the step is replayed from these with
 torch.func.functional_call on the parameters (detached: no .grad is touched)
 and on copies of the buffers (BatchNorm's running stats of the real model stay
-as they are), with the RNG set to the captured state (the same dropout masks)
-and restored after (the run's RNG stream is untouched):
+as they are), with the RNG streams and attributes set to the captured state
+(the same dropout masks, the same state kept from the last step) and put back
+after (the run's streams and attributes are untouched):
 
 - FP32 (autocast off): the reference gradient g of every parameter (in a plain FP32 run the real backward's
   gradients, once a replay has matched them: `_reference`);
@@ -208,8 +210,7 @@ class _Capture:
     args: tuple
     kwargs: dict
     buffers: dict
-    rng: object
-    cuda_rng: list | None
+    state: "_RunState"           # the RNG streams and module attributes as the real forward began
     grads: list = dataclasses.field(default_factory=list)   # per output leaf: float32 gradient or None
     handles: list = dataclasses.field(default_factory=list)
     real: dict | None = dataclasses.field(default_factory=dict)   # parameter name -> the real backward's
@@ -252,6 +253,8 @@ class ShadowSteps:
         self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
         self._real_matches = None             # whether the real gradients matched the last reference replay
         self._format_turns = 0
+        self._unreached: set = set()          # parameters the last reference replay gave no gradient (a
+                                              #   reentrant checkpoint recomputes with the module's own ones)
         self._replaying = False               # the replays' own forwards are not captured
 
     @property
@@ -347,14 +350,13 @@ class ShadowSteps:
             with self._busy():
                 from torch.utils._pytree import tree_map
 
-                def copy(x):
-                    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+                def copy(x):   # (an input that requires grad keeps it: reentrant checkpointing needs one)
+                    return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
 
-                cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
-                    else None
-                self._capture = _Capture(self._step_of(), tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs)),
+                args, kwargs = tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs))
+                self._capture = _Capture(self._step_of(), args, kwargs,
                                          {n: b.detach().clone() for n, b in module.named_buffers()},
-                                         torch.get_rng_state(), cuda)
+                                         _RunState(self.core, (args, kwargs)))
         except Exception as err:
             self._fail(err)
         return None
@@ -429,17 +431,14 @@ class ShadowSteps:
         if not params:
             return
         device = next(iter(params.values())).device.type
-        saved_rng = torch.get_rng_state()
-        saved_cuda = torch.cuda.get_rng_state_all() if capture.cuda_rng is not None else None
+        real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True
         try:
             with torch.enable_grad():
                 self._measure(capture, params, device)
         finally:
             self._replaying = False
-            torch.set_rng_state(saved_rng)
-            if saved_cuda is not None:
-                torch.cuda.set_rng_state_all(saved_cuda)
+            real.restore()
         rec = self.record
         rec.count += 1
         if len(rec.steps) < MAX_LISTED_STEPS:
@@ -464,8 +463,9 @@ class ShadowSteps:
         replay (which checks the match again: an AMP run's, an accumulated or a regularised step's differ)."""
         self._format_turns += 1
         if capture.real is not None and self._real_matches and self._format_turns % RECHECK_EVERY:
-            return capture.real
+            return {name: g for name, g in capture.real.items() if name not in self._unreached}
         replayed = self._backward(capture, params, FP32(device), (0,))[0]
+        self._unreached = {name for name, g in replayed.items() if g is None}   # not measured: no replay reaches
         if capture.real is not None and self._real_matches is not False:
             self._real_matches = _matches(capture.real, replayed)
         return replayed
@@ -558,9 +558,7 @@ class ShadowSteps:
         import torch
         from torch.func import functional_call
 
-        torch.set_rng_state(capture.rng)
-        if capture.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(capture.cuda_rng)
+        capture.state.restore()         # each replayed forward starts where the real one did
         buffers = {n: b.clone() for n, b in capture.buffers.items()}
         with context.arithmetic():
             try:
@@ -587,6 +585,55 @@ class ShadowSteps:
 
 
 # ------------------------------------------------------------------ helpers
+class _RunState:
+    """What a forward reads and changes besides its parameters and buffers, to set back: the RNG streams
+    (torch's, CUDA's once initialised, Python's random, numpy's global one, and every torch.Generator among
+    the inputs or the modules' attributes) and the bindings of the modules' attributes (a tensor kept from
+    the last forward, a call counter). An object an attribute holds and a forward changes in place (a list
+    appended to) is not copied."""
+
+    def __init__(self, core, inputs):
+        import random
+
+        import numpy as np
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+            else None
+        self.python_rng, self.numpy_rng = random.getstate(), np.random.get_state()
+        self.attributes = [(m, dict(vars(m))) for m in core.modules()]
+        generators = {id(g): g for g in tree_leaves(inputs) if isinstance(g, torch.Generator)}
+        generators.update((id(v), v) for _, names in self.attributes for v in names.values()
+                          if isinstance(v, torch.Generator))
+        self.generators = [(g, g.get_state()) for g in generators.values()]
+
+    def restore(self) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.python_rng)
+        np.random.set_state(self.numpy_rng)
+        for generator, state in self.generators:
+            generator.set_state(state)
+        for module, before in self.attributes:
+            now = vars(module)
+            for name in [name for name in now if name not in before]:
+                del now[name]
+            for name, value in before.items():
+                if now.get(name, _ABSENT) is not value:
+                    now[name] = value
+
+
+_ABSENT = object()
+
+
 def _halves(capture):
     """Two captures, each with half of the batch (dim 0 of the first tensor input), or None when the batch
     cannot be halved: fewer than 2 samples, or an output gradient that is neither batched nor a scalar."""

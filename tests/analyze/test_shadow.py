@@ -101,6 +101,95 @@ def test_shadow_steps_leave_the_run_bitwise_unchanged():
     assert torch.equal(rng0, rng1) and torch.equal(draw0, draw1)
 
 
+class Stateful(nn.Module):
+    """A forward that draws from a generator of its own, Python's and numpy's RNGs (LayerDrop-style), and keeps
+    state in plain attributes: the last hidden tensor and a call counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.head = nn.Linear(8, 8), nn.Linear(8, 1)
+        self.generator = torch.Generator().manual_seed(5)
+        self.prev, self.calls = None, 0
+
+    def forward(self, x):
+        import random
+
+        import numpy as np
+
+        self.calls += 1
+        h = torch.tanh(self.lin(x)) * torch.rand(x.shape, generator=self.generator)
+        if self.prev is not None:
+            h = h + 0.5 * self.prev
+        self.prev = h.detach()
+        keep = random.random() < 0.7 and np.random.uniform() < 0.9
+        return self.head(h if keep else h * 0)
+
+
+def _train_stateful(shadow: bool):
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = Stateful()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with watch(model, formats=("fp16", "bf16", "e4m3"), shadow_every=1) if shadow else contextlib.nullcontext():
+        for _ in range(6):
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+    return (model, losses, model.generator.get_state(), random.random(), np.random.uniform(), torch.rand(1))
+
+
+def test_shadow_steps_leave_user_rng_streams_and_module_attributes_as_the_run_left_them():
+    # the replays start from the state the real forward started from and put back the run's: a generator of
+    # the model's own, Python's random, numpy's, a tensor kept from the last forward, a call counter
+    (m0, losses0, *draws0), (m1, losses1, *draws1) = _train_stateful(False), _train_stateful(True)
+    assert all(torch.equal(a, b) for a, b in zip(losses0, losses1))
+    assert all(torch.equal(a, b) for a, b in zip(m0.parameters(), m1.parameters()))
+    assert torch.equal(m0.prev, m1.prev) and m0.calls == m1.calls == 6
+    assert torch.equal(draws0[0], draws1[0]) and draws0[1:3] == draws1[1:3] and torch.equal(draws0[3], draws1[3])
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(10, 32), nn.ReLU())
+        self.b = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.b(torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=True))
+
+
+def test_a_reentrant_checkpoint_is_not_judged_from_gradients_no_replay_reaches():
+    # reentrant checkpointing recomputes with the module's own parameters, out of the replay's reach: its
+    # layer is not measured (no 100% loss, no fp32 from the shadow), and the run gets no warning from it
+    import warnings
+
+    torch.manual_seed(0)
+    model = Checkpointed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(5):
+                loss = model(torch.randn(16, 10, generator=g).requires_grad_()).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    measured = w.shadow.record.to_dict()["layers"]
+    assert "b" in measured and all(fmt.get(0, {}).get("grad_rel_error", 0) < 0.1
+                                   for fmt in measured.get("a.0", {}).get("formats", {}).values())
+    assert w.report().verdict("a.0", "fp16") != "fp32"
+
+
 def _shadow_record(replay_reference: bool, decay: float = 0.0, accumulate: int = 1):
     """What shadowing every step of DropoutBatchNorm measured, and whether the real gradients stood in for the
     FP32 reference; replay_reference: never let them (the reference replayed on every step, the oracle)."""
@@ -503,3 +592,26 @@ def test_the_command_line_takes_shadow_every(tmp_path, capsys):
     data = json.loads((out / "report.json").read_text())
     assert data["shadow"]["every"] == 4 and data["summary"]["fp16"]["loss_scale_layers"] == ["AuxHead.aux"]
     assert "verdicts from shadow steps" in capsys.readouterr().out
+
+
+def test_sparse_gradients_are_replayed_and_measured():
+    # an Embedding(sparse=True) trained by SparseAdam: its sparse gradient is compared as its dense values
+    import warnings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Flatten(), nn.Linear(32, 1))
+    optimizers = [torch.optim.SparseAdam(list(model[0].parameters()), lr=1e-2),
+                  torch.optim.Adam(list(model[2].parameters()), lr=1e-2)]
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(4):
+                loss = model(torch.randint(0, 50, (16, 4), generator=g)).square().mean()
+                for opt in optimizers:
+                    opt.zero_grad()
+                loss.backward()
+                for opt in optimizers:
+                    opt.step()
+    assert w.shadow.error is None and w.shadow.record.count >= 3
+    assert "0" in w.shadow.record.to_dict()["layers"]
