@@ -237,6 +237,7 @@ class ShadowSteps:
         self.every, self.scales = every, scales
         self.formats = [lim for lim in limits if lim.per_tensor_scaled or lim.name in AUTOCAST_DTYPES]
         self.skipped_formats = [lim.name for lim in limits if lim not in self.formats]
+        self.dropped_formats: dict = {}   # format name -> the error its replay raised (then taken out of the turns)
         self.record = ShadowRecord()
         self.core = None
         self.notes: list = []
@@ -310,6 +311,9 @@ class ShadowSteps:
         if self.skipped_formats:
             out.append(f"no shadow steps for {', '.join(self.skipped_formats)} (autocast runs fp16 and bf16; "
                        f"per-tensor scaling is for formats of 8 bits or fewer): value counts only")
+        for name, error in self.dropped_formats.items():
+            out.append(f"shadow steps for {name} stopped after its replay failed ({error}): its later verdicts from "
+                       f"the steps before, or value counts")
         if self.record.unsplit_steps:
             out.append(f"{self.record.unsplit_steps} shadowed steps had a batch that cannot be halved (one sample, "
                        f"or outputs not batched along dim 0): no noise floor from them")
@@ -455,7 +459,17 @@ class ShadowSteps:
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
         reference = self._reference(capture, params, device)
-        self._replay_format(task, capture, params, device, Reference(reference, self._groups))
+        try:
+            self._replay_format(task, capture, params, device, Reference(reference, self._groups))
+        except Exception as err:      # this format cannot be replayed here (torch's CPU LSTM has no fp16 kernel)
+            self._drop_format(task, err)
+
+    def _drop_format(self, lim, err: Exception) -> None:
+        """Take `lim` out of the rotation after its replay failed, with a warning: the other formats go on."""
+        self.formats.remove(lim)
+        self.dropped_formats[lim.name] = f"{type(err).__name__}: {err}"
+        warnings.warn(f"fpsim.watch: no more shadow steps for {lim.name} ({self.dropped_formats[lim.name]}); the "
+                      f"other formats and training continue", RuntimeWarning, stacklevel=4)
 
     def _reference(self, capture, params, device) -> dict:
         """The FP32 gradients of the captured step: the real backward's where they matched the last reference

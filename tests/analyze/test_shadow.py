@@ -615,3 +615,34 @@ def test_sparse_gradients_are_replayed_and_measured():
                     opt.step()
     assert w.shadow.error is None and w.shadow.record.count >= 3
     assert "0" in w.shadow.record.to_dict()["layers"]
+
+
+class NoHalf(nn.Module):
+    """A layer that cannot run under FP16 autocast (as torch's CPU LSTM has no fp16 kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.head = nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
+            raise RuntimeError("no fp16 kernel for this layer")
+        return self.head(torch.tanh(self.lin(x)))
+
+
+def test_a_format_whose_replay_fails_is_dropped_and_the_others_go_on():
+    torch.manual_seed(0)
+    model = NoHalf()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with pytest.warns(RuntimeWarning, match="no more shadow steps for fp16 .*no fp16 kernel"):
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(7):
+                loss = model(torch.randn(16, 8, generator=g)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert w.shadow.error is None and list(w.shadow.dropped_formats) == ["fp16"]
+    measured = w.shadow.record.to_dict()["layers"]["lin"]
+    assert "bf16" in measured["formats"] and measured["noise_floor"] is not None
+    assert any("shadow steps for fp16 stopped" in note for note in w.report().run.get("notes", []))
