@@ -150,6 +150,8 @@ def cmd_analyze(args) -> int:
             _add_analyzer_options(parser, with_modules=True)
             parser.parse_args(script_args, namespace=args)
         script_args = args.after_dashes
+    if args.emulate is not None and not args.emulate.strip():   # (empty: not the same as no --emulate)
+        raise ValueError("--emulate: give a recipe name (fp16, bf16, fp8, mxfp8, ...: docs/emulate.md)")
     if args.emulate or args.confirm:
         from ..emulate.confirm import check_confirm
 

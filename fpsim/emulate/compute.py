@@ -25,12 +25,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 LOW = (torch.float16, torch.bfloat16)
-GEMMS = ("mm", "addmm", "bmm", "baddbmm")
+GEMMS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv")
 """Matrix products a tensor-core `gemm` computes (everything else that multiplies matrices
-decomposes into these before it reaches the dispatch mode, convolutions apart)."""
+decomposes into these before it reaches the dispatch mode, those below apart)."""
 
-_FUSED_PRODUCTS = ("conv", "attention", "rnn", "lstm", "gru")
-"""Name parts of ops that multiply matrices inside one kernel (convolutions, fused attention, RNNs)."""
+_FUSED_PRODUCTS = ("conv", "attention", "rnn", "lstm", "gru", "addbmm")
+"""Name parts of ops that multiply matrices inside one kernel (convolutions, fused attention, RNNs, a batch
+of products summed into one matrix): not modelled, named in `unmodelled`."""
 
 _EXACT = frozenset((
     "_to_copy", "copy_", "clone", "detach", "alias", "lift_fresh", "_unsafe_view", "cat", "stack", "index",

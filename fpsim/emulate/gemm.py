@@ -32,21 +32,27 @@ class TensorCoreGemm:
         return self._cores[key]
 
     def __call__(self, name: str, args: tuple, kwargs: dict, dtype):
-        """The float32 result of GEMM op `name` (mm, addmm, bmm, baddbmm) whose operands are
+        """The float32 result of GEMM op `name` (mm, addmm, bmm, baddbmm, mv, addmv) whose operands are
         `dtype` values widened to float32."""
         core = self.core(_FORMAT_OF[dtype])
-        if name in ("mm", "bmm"):
+        if name in ("mm", "bmm", "mv"):
             a, b = args
             return _product(core, a, b)
         bias, a, b = args[:3]
         beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
         product = _product(core, a, b)
-        # cuBLAS's epilogue: alpha * (A @ B) + beta * C in float32
+        # cuBLAS's epilogue: alpha * (A @ B) + beta * C in float32; beta = 0 does not read C (torch's addmm
+        # docs: its NaN and Inf do not propagate)
+        if beta == 0:
+            return product if alpha == 1 else product * alpha
         return product + bias if (alpha, beta) == (1, 1) else product * alpha + bias * beta
 
 
 def _product(core: TensorCore, a, b):
-    """a @ b for (M, K) @ (K, N), or batch by batch for (B, M, K) @ (B, K, N)."""
+    """a @ b for (M, K) @ (K, N), (M, K) @ (K,) (a matrix-vector product: one column), or batch by batch
+    for (B, M, K) @ (B, K, N)."""
+    if b.dim() == 1:
+        return core.matmul(a.contiguous(), b.reshape(-1, 1).contiguous()).reshape(-1)
     if a.dim() == 2:
         return core.matmul(a.contiguous(), b.contiguous())
     return torch.stack([core.matmul(a[i].contiguous(), b[i].contiguous()) for i in range(a.shape[0])])

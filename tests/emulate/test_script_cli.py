@@ -109,6 +109,7 @@ def test_confirm_puts_fp32_unprotected_and_recommended_runs_into_the_report(scri
 
 @pytest.mark.parametrize("options, message", [
     (["--emulate", "fp12"], "unknown recipe 'fp12'"),
+    (["--emulate", ""], "give a recipe name"),
     (["--confirm", "--emulate", "fp32"], "--confirm needs a low-precision recipe to confirm, not fp32"),
     (["--confirm", "--emulate", "fp8", "--formats", "fp16,bf16"], "lacks e4m3, e5m2"),
     (["--demo", "--emulate", "fp16"], "--emulate and --confirm run a training script, not --demo"),

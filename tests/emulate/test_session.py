@@ -548,6 +548,29 @@ def test_matrix_products_the_tensor_core_model_does_not_cover_are_named():
     assert note.startswith("accumulated in FP32, not on the h100 tensor-core model") and "convolution" in note
 
 
+def test_matrix_vector_products_and_beta_zero_follow_the_tensor_core_and_torch():
+    """mv goes through the tensor-core model as the one-column mm it is: products 1, 2^-8 and 3 * 2^-25
+    truncate to 1 in one H100 block (TensorCore("h100") on the same operands), while FP32 accumulation
+    gives 1 + 2^-8 in bf16; addmm with beta = 0 does not read C (torch's addmm docs: its NaN does not
+    propagate); addbmm, one kernel summing a batch of products, is named as not modelled."""
+    k = 48
+    a, b = torch.zeros(k), torch.zeros(k)
+    a[0], b[0], a[1], b[1], a[2], b[2] = 1, 1, 1, 2.0**-8, 3 * 2.0**-13, 2.0**-12
+    matrix = torch.stack([a, a])
+    want = fpsim.TensorCore("h100", inputs="bf16", output="fp32").matmul(matrix, b[:, None])[:, 0].bfloat16()
+    assert want.tolist() == [1.0, 1.0] and (matrix @ b).bfloat16().tolist() != [1.0, 1.0]
+    nan = torch.full((2, 3), float("nan"), dtype=torch.bfloat16)
+    x, w = torch.ones(2, 4, dtype=torch.bfloat16), torch.full((4, 3), 4.0, dtype=torch.bfloat16)
+    net = torch.nn.Linear(2, 2)
+    with fpsim.emulate(net, "bf16", device="h100") as em:
+        got = torch.mv(matrix.bfloat16(), b.bfloat16())
+        beta0 = torch.addmm(nan, x, w, beta=0)
+        torch.addbmm(torch.zeros(2, 3, dtype=torch.bfloat16), x[None], w[None])
+    assert torch.equal(got, want)
+    assert torch.equal(beta0, torch.addmm(nan, x, w, beta=0)) and beta0.tolist() == [[16.0] * 3] * 2
+    assert any("addbmm" in note for note in em.notes)
+
+
 def test_the_summary_says_what_ran_how():
     import json
 
