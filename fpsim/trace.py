@@ -238,19 +238,26 @@ def _low_precision_outputs(func, args, kwargs, outputs: list) -> list:
     return [t for t, stays_wide in zip(outputs, wide) if not stays_wide]
 
 
+def to_meta(x, floating=None):
+    """x (tensors in lists, tuples and dicts) as meta tensors of the same shapes and strides, for asking an
+    op's meta kernel about its outputs; floating: the dtype given to floating tensors (None: theirs)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        dtype = floating if floating is not None and x.is_floating_point() else x.dtype
+        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_meta(v, floating) for v in x)
+    if isinstance(x, dict):
+        return {k: to_meta(v, floating) for k, v in x.items()}
+    return x
+
+
 def _wide_outputs(func, args, kwargs) -> tuple | None:
     import torch
 
-    def as_meta(x):
-        if isinstance(x, torch.Tensor):
-            dtype = torch.float16 if x.is_floating_point() else x.dtype
-            return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
-        if isinstance(x, (list, tuple)):
-            return type(x)(as_meta(v) for v in x)
-        return x
-
     try:
-        out = func(*as_meta(args), **{k: as_meta(v) for k, v in kwargs.items()})
+        out = func(*to_meta(args, torch.float16), **to_meta(kwargs, torch.float16))
     except Exception:   # no meta kernel, or one that needs data
         return None
     return tuple(t.dtype == torch.float32 for t in _float_outputs(out, torch.Tensor))

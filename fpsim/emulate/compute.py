@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..trace import to_meta
+
 LOW = (torch.float16, torch.bfloat16)
 GEMMS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv")
 """Matrix products a tensor-core `gemm` computes (everything else that multiplies matrices
@@ -140,7 +142,7 @@ class FP32Compute(TorchDispatchMode):
         except TypeError:            # an argument that cannot be part of a key: ask the meta kernel each time
             key = None
         try:
-            meta = func(*_to_meta(args), **_to_meta(kwargs))
+            meta = func(*to_meta(args), **to_meta(kwargs))
             dtypes = list(_output_leaves(meta))
         except Exception:            # no meta kernel (or a data-dependent one): torch runs it as it is
             self.unemulated.add(func._schema.name.split("::")[-1])
@@ -178,16 +180,6 @@ def _signature(x):
     if isinstance(x, (int, float, complex)):
         return type(x)
     hash(x)                      # anything else counts by value, if it can be a key
-    return x
-
-
-def _to_meta(x):
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_meta(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _to_meta(v) for k, v in x.items()}
     return x
 
 
