@@ -3,7 +3,8 @@
 Each model is trained in FP32 under `fpsim.watch(shadow_every=...)`, which gives per-layer verdicts and a
 loss scale for FP16 and BF16; then the same model, from the same weights and the same batches, is trained
 for real with CPU torch.autocast: FP16 as it is, FP16 with the layers fpsim said to keep in FP32, FP16 with
-the whole recommendation (those layers and the loss scale), and BF16 with its recommendation. A row agrees
+the whole recommendation (those layers and the loss scale), BF16 as it is where fpsim asks anything for it,
+and BF16 with its recommendation. A row agrees
 when each part of the recommendation was needed exactly where fpsim said so.
 
     fpsim study verdict_agreement [--fast] [--out DIR]   # or: python studies/verdict_agreement.py
@@ -158,7 +159,8 @@ def demo_task(fast: bool):
 
 PLANTED = {"harmless": "3/4 of the inputs 1e-9 smaller: their weight gradients flush to zero in FP16",
            "aux_head": "a second head trained by an auxiliary loss weighted 1e-6",
-           "overflow": "a Linear whose outputs pass 65504, then a LayerNorm"}
+           "overflow": "a Linear whose outputs pass 65504, then a LayerNorm",
+           "saturated": "attention with query/key weights 40x too large: logits ~10^3, a one-hot softmax"}
 
 
 def planted_task(name: str, fast: bool):
@@ -276,7 +278,7 @@ def counted(report, fmt: str) -> str:
     return f"{len(keep)} fp32, {len(scaled)} loss_scale, scale {'none' if s is None else f'2^{s}'}"
 
 
-FAST_TASKS = ("harmless", "aux_head", "overflow", "cnn")
+FAST_TASKS = ("harmless", "aux_head", "overflow", "saturated", "cnn")
 SLOW_TASKS = ("gpt", "demo")
 """The rows: the fast version (the test suite's) leaves out the slowest models."""
 SHADOW_EVERY = 5
@@ -368,10 +370,11 @@ judged by its gradient error against its noise floor.
 fpsim's recommendation for a format is: the layers judged `fp32` kept outside autocast, and the recommended
 loss scale. Then the model is trained for real from the same initial weights (CPU torch.autocast, torch's own
 FP16/BF16 arithmetic; a static loss scale, steps with non-finite gradients skipped as GradScaler does): FP32,
-FP16 as it is, FP16 with the FP32 layers, FP16 with the whole recommendation and BF16 with its
-recommendation, each with seeds {", ".join(map(str, seeds))} (seed k: dropout masks from torch.manual_seed(k)
-and the k-th run of batches of the same stream). Two measures of each run: the task's metric, measured in FP32
-after training, and the mean training loss over the last quarter of the steps.
+FP16 as it is, FP16 with the FP32 layers, FP16 with the whole recommendation, BF16 as it is (where fpsim
+recommends anything for BF16) and BF16 with its recommendation, each with seeds {", ".join(map(str, seeds))}
+(seed k: dropout masks from torch.manual_seed(k) and the k-th run of batches of the same stream). Two measures
+of each run: the task's metric, measured in FP32 after training, and the mean training loss over the last quarter
+of the steps.
 A configuration is *worse* than FP32 when it is non-finite with some seed, or when, by either measure, its mean
 paired difference (its value minus FP32's with the same seed, averaged over the seeds) exceeds both twice its
 standard error (the seed-to-seed noise that pairing does not cancel) and {MATERIAL:.0%} of what FP32 training
@@ -381,9 +384,9 @@ worse by some measure: a mean above 5 standard errors and the material margin, n
 measure: a mean below half its margin) is trained with {len(seeds)} more seeds, and its FP32 runs with it, up to
 {ROUNDS * len(seeds)} seeds; this rule does not look at fpsim's verdicts.
 A row agrees when: FP16 as it is is worse exactly when fpsim recommends anything; FP16 with only the FP32
-layers is worse exactly when fpsim recommends a scale above 1; FP16 and BF16 with their recommendations are
-not worse. (The runs are independent and seeded: they run in parallel processes where the machine has
-several cores.)
+layers is worse exactly when fpsim recommends a scale above 1; BF16 as it is is worse exactly when fpsim
+recommends anything for BF16; FP16 and BF16 with their recommendations are not worse. (The runs are
+independent and seeded: they run in parallel processes where the machine has several cores.)
 """)
     sides = dict(zip(keys, _map([(observed, (key, fast)) for key in keys])))
     options = {}
@@ -391,6 +394,8 @@ several cores.)
         (keep16, scale16), (keep_bf, scale_bf), _, _ = sides[key]
         options[key] = {"fp32": (), "fp16": (torch.float16,), "bf16_recommended": (torch.bfloat16, keep_bf, scale_bf)}
         # a run with the same options as one before is the same computation (seeded alike): not repeated
+        if keep_bf or scale_bf:
+            options[key]["bf16"] = (torch.bfloat16,)
         if keep16:
             options[key]["fp16_kept"] = (torch.float16, keep16)
         if scale16:
@@ -422,13 +427,15 @@ several cores.)
         ran = {config: seeds_run(key, config) for config in options[key]}
         runs = {config: [metrics[key, config, s] for s in ran[config]] for config in options[key]}
         against = {config: [metrics[key, "fp32", s] for s in ran[config]] for config in options[key]}
-        for alias, original in (("fp16_kept", "fp16"), ("fp16_recommended", "fp16_kept")):
+        for alias, original in (("fp16_kept", "fp16"), ("fp16_recommended", "fp16_kept"),
+                                ("bf16", "bf16_recommended")):
             if alias not in runs:
                 runs[alias], against[alias] = runs[original], against[original]
         material = _material(metrics, key, seeds, untrained)
         judged = {config: worse(r, against[config], material) for config, r in runs.items() if config != "fp32"}
         agrees = (judged["fp16"] == bool(keep16 or scale16) and judged["fp16_kept"] == bool(scale16)
-                  and not judged["fp16_recommended"] and not judged["bf16_recommended"])
+                  and not judged["fp16_recommended"] and not judged["bf16_recommended"]
+                  and judged["bf16"] == bool(keep_bf or scale_bf))
         agree_all &= agrees
 
         def cell(config):
@@ -448,7 +455,7 @@ several cores.)
                      f"{_mean([metrics[key, 'fp32', s][0] for s in seeds]):.4f}",
                      f"{material[0]:.4f}; train {material[1]:.4f}",
                      cell("fp16"), cell("fp16_kept"), cell("fp16_recommended"), describe(keep_bf, scale_bf),
-                     cell("bf16_recommended"), "yes" if agrees else "**no**"])
+                     cell("bf16"), cell("bf16_recommended"), "yes" if agrees else "**no**"])
         report.values[name] = {**{config: _mean([x[0] for x in r]) for config, r in runs.items()},
                                "ratio": {config: _mean([x[0] for x in r]) / _mean([x[0] for x in against[config]])
                                          for config, r in runs.items()},
@@ -457,7 +464,8 @@ several cores.)
                                "fp16_recommendation": [list(keep16), scale16], "agrees": agrees}
     report.section("Agreement")
     report.table(["model", "steps (metric)", "fpsim FP16", "value counts said (FP16)", "FP32", "material",
-                  "FP16 as is", "FP16 + FP32 layers", "FP16 + recommendation", "fpsim BF16", "BF16 + recommendation",
+                  "FP16 as is", "FP16 + FP32 layers", "FP16 + recommendation", "fpsim BF16", "BF16 as is",
+                  "BF16 + recommendation",
                   "agrees"],
                  rows, caption=f"Real CPU autocast training after N steps, from the same weights, seeds "
                                f"{', '.join(map(str, seeds))} (more where a cell says so; FP32's column: these "

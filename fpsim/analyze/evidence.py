@@ -4,7 +4,11 @@ A layer's low-precision gradient error *stands out* when it exceeds its
 threshold: MARGIN times its noise floor, held within [MIN_TOLERATED_ERROR,
 MAX_TOLERATED_ERROR] (an error below 1% never matters next to SGD's noise; a
 layer that loses more than half of its gradient always does), or
-FALLBACK_THRESHOLD when no floor could be measured (batches of one sample).
+FALLBACK_THRESHOLD when no floor could be measured (batches of one sample); and at
+least SENSITIVITY_MARGIN times its weight sensitivity where that was measured
+(shadow.py: how much the FP32 gradient itself changes when the weights move by
+one rounding unit of the format; uncapped: an ill-conditioned layer's error of
+that size is no fault of the format).
 The errors and floors are means over the shadowed steps (shadow.py), so that
 verdicts do not drift with run length; where a layer's steps before some step
 and from it on clearly differ (`change`), its numerics changed: it is judged by
@@ -39,17 +43,23 @@ MARGIN = 1.0
 MIN_TOLERATED_ERROR = 0.01
 MAX_TOLERATED_ERROR = 0.5
 FALLBACK_THRESHOLD = 0.1
+SENSITIVITY_MARGIN = 2.0
+"""A layer is within its weight sensitivity when its error is at most this many times it: the sensitivity moves
+the weights alone by up to one rounding unit, while the low-precision step also rounds the inputs and output of
+every op on the way (measured on planted.Saturated in BF16: error / sensitivity 0.90 to 1.07)."""
 CLEAR_CHANGE = 1.5
 """A layer's numerics changed during the run when its shadowed steps before some step and those from it on
 (ShadowRecord.windows) differ so: one window's error above its threshold by this factor, the other's below it by
 this factor. A layer near its threshold, whose windows straddle it by noise, is not reported."""
 
 
-def threshold(floor) -> float:
-    """The gradient error above which a layer stands out, from its noise floor (None: not measured)."""
-    if floor is None:
-        return FALLBACK_THRESHOLD
-    return min(max(MARGIN * floor, MIN_TOLERATED_ERROR), MAX_TOLERATED_ERROR)
+def threshold(floor, sensitivity=None) -> float:
+    """The gradient error above which a layer stands out, from its noise floor (None: not measured) and its
+    weight sensitivity at the format's precision (None: not measured): at least the sensitivity, which no cap
+    holds (an error no larger is what the FP32 step itself does to weights the format cannot tell apart)."""
+    limit = FALLBACK_THRESHOLD if floor is None else min(max(MARGIN * floor, MIN_TOLERATED_ERROR),
+                                                           MAX_TOLERATED_ERROR)
+    return limit if sensitivity is None else max(limit, SENSITIVITY_MARGIN * sensitivity)
 
 
 def _passes(m: dict | None, limit: float) -> bool:
@@ -61,13 +71,13 @@ def _over(m: dict, limit: float) -> float:
     return math.inf if m["nonfinite_steps"] else m["grad_rel_error"] / limit
 
 
-def change(windows: list, floor):
+def change(windows: list, limit: float):
     """How a layer's numerics changed during the run: of its windows (ShadowRecord.windows), the one whose
     early and late steps differ most where one stands out by CLEAR_CHANGE over the layer's threshold and the
     other is under it by that factor. (evidence, the standing-out side's means by scale): evidence
     {"from_step", "stands_out": "early" or "late", "early", "late", "threshold"}; None when no window changes
-    clearly (a layer near its threshold straddles it by noise)."""
-    limit, best = threshold(floor), None
+    clearly (a layer near its threshold straddles it by noise). limit: the layer's threshold."""
+    best = None
     for w in windows:
         early, late = _over(w["early"], limit), _over(w["late"], limit)
         for high, low, which in ((late, early, "late"), (early, late, "early")):
@@ -116,10 +126,11 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
         entry = shadow["layers"].get(layer.name)
         if entry is not None and fmt in entry["formats"]:
             by_scale, floor = entry["formats"][fmt], entry["noise_floor"]
-            found = change(entry.get("windows", {}).get(fmt, []), floor)
+            sensitivity = entry.get("sensitivity", {}).get(fmt)
+            found = change(entry.get("windows", {}).get(fmt, []), threshold(floor, sensitivity))
             if found is not None:            # judged where it stands out: a verdict that serves the whole run
                 changes[layer.name], by_scale = found
-            measured[layer.name] = (by_scale, floor)
+            measured[layer.name] = (by_scale, floor, sensitivity)
     tied_to = {}
     for layer in layers:
         owner = next((t for t in layer.tied_with if t in measured), None)
@@ -127,8 +138,8 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             measured[layer.name], tied_to[layer.name] = measured[owner], owner
     if not measured and not sources:
         return {}, None, {}
-    scales = sorted({s for by_scale, _ in measured.values() for s in by_scale})
-    limits = {name: threshold(floor) for name, (_, floor) in measured.items()}
+    scales = sorted({s for by_scale, *_ in measured.values() for s in by_scale})
+    limits = {name: threshold(floor, sensitivity) for name, (_, floor, sensitivity) in measured.items()}
     judged = [name for name in measured if name not in sources]
 
     def passing(s):
@@ -151,11 +162,12 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
                            [n for n in names if n not in served and n in measured],
                            (scales[0], scales[-1]))
     verdicts, evidence = {}, {}
-    for name, (by_scale, floor) in measured.items():
+    for name, (by_scale, floor, sensitivity) in measured.items():
         limit = limits[name]
         at1 = by_scale.get(0)
+        by_sensitivity = limit > threshold(floor)
         ev = {"basis": "shadow steps", "steps": at1["steps"] if at1 else 0, "noise_floor": floor,
-              "threshold": limit, "margin": MARGIN,
+              "sensitivity": sensitivity, "threshold": limit, "margin": MARGIN,
               "grad_rel_error": at1["grad_rel_error"] if at1 else None,
               "cosine": at1["cosine"] if at1 else None,
               "share_zeroed": at1["share_zeroed"] if at1 else None,
@@ -167,7 +179,9 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             ev["tied_to"] = tied_to[name]
             shares = f", the parameters it shares with {tied_to[name]}"
         quote = (f"{fmt} shadow steps ({ev['steps']}{shares}): gradient error {_num(ev['grad_rel_error'])} at scale 1, "
-                 f"noise floor {_num(floor)} (threshold {_num(limit)})")
+                 f"noise floor {_num(floor)}"
+                 + (f", weight sensitivity {_num(sensitivity)}" if by_sensitivity else "")
+                 + f" (threshold {_num(limit)})")
         if at1 is not None and at1["share_zeroed"]:
             quote += f", {at1['share_zeroed']:.2%} of its norm lost to zeros"
         if at1 is not None and at1["nonfinite_steps"]:
@@ -179,7 +193,9 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             verdicts[name] = Verdict("fp32", f"its output overflows {fmt} in the replay (non-finite from finite "
                                      f"inputs) on {sources[name]} of {steps} shadowed steps; {quote}", None)
         elif not ev["stands_out"]:
-            verdicts[name] = Verdict("ok", quote + ": within the noise the FP32 gradient already carries",
+            verdicts[name] = Verdict("ok", quote + (f": within what moving its weights by one {fmt} rounding unit "
+                                                    f"does to the FP32 gradient" if by_sensitivity else
+                                                    ": within the noise the FP32 gradient already carries"),
                                      tensor_scales=counted[name].tensor_scales)
             if lim.per_tensor_scaled and counted[name].verdict != "ok":
                 verdicts[name] = Verdict("loss_scale", quote + ": within the noise with per-tensor scales",

@@ -11,7 +11,13 @@ batches (targets from a fixed random teacher, so the gradients carry signal):
   so unscaled FP16 training never updates it, while FP32 Adam (scale-free)
   trains it;
 - `overflow`: raw inputs of order 1e3 into a Linear with large weights, then
-  a LayerNorm: its outputs pass 65504, FP16 turns them to Inf and the loss to NaN.
+  a LayerNorm: its outputs pass 65504, FP16 turns them to Inf and the loss to NaN;
+- `saturated`: self-attention over four tokens whose query and key weights are
+  40 times too large: logits of order 10^3, a one-hot softmax. Rounding to BF16
+  changes which key wins for near ties, so the query, key and embedding
+  gradients differ from FP32's by 100% and more, yet as much as when the FP32
+  weights move by one BF16 rounding unit: the FP32 gradient there is itself
+  that arbitrary, and BF16 trains as FP32 does.
 
 `train_real` trains a task for real: FP32, or torch.autocast FP16/BF16 (real
 low-precision arithmetic on this machine) with a static loss scale and
@@ -65,6 +71,26 @@ class Overflow(nn.Module):
         return self.out(self.norm(self.raw(x)))
 
 
+class Saturated(nn.Module):
+    """Self-attention over the input read as TOKENS tokens, query and key weights QK_GAIN times too large."""
+
+    TOKENS, WIDTH, QK_GAIN = 4, 32, 40.0
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(INPUTS // self.TOKENS, self.WIDTH)
+        self.q, self.k, self.v = (nn.Linear(self.WIDTH, self.WIDTH) for _ in range(3))
+        with torch.no_grad():
+            self.q.weight.mul_(self.QK_GAIN)
+            self.k.weight.mul_(self.QK_GAIN)
+        self.out = nn.Linear(self.WIDTH, OUTPUTS)
+
+    def forward(self, x):
+        h = self.embed(x.reshape(x.shape[0], self.TOKENS, -1))
+        logits = self.q(h) @ self.k(h).transpose(1, 2) / math.sqrt(self.WIDTH)
+        return self.out((torch.softmax(logits, -1) @ self.v(h)).mean(1))
+
+
 def _mse(out, target):
     return nn.functional.mse_loss(out, target)
 
@@ -78,6 +104,7 @@ TASKS = {
     "harmless": (Harmless, _mse, lambda x: torch.cat([x[:, :4], x[:, 4:] * 1e-9], 1)),
     "aux_head": (AuxHead, _aux_loss, lambda x: x),
     "overflow": (Overflow, _mse, lambda x: x * 1e3),
+    "saturated": (Saturated, _mse, lambda x: x),
 }
 
 

@@ -39,6 +39,12 @@ to the next format). A shadow step so costs about two FP32 forward-backward
 passes whatever the number of formats; each format's means are over its own
 turns, and the floor that decides escalation is the mean of those measured.
 
+On a format's first turn where some layer's error stands out of its noise
+floor at scale 1, and on every RECHECK_EVERY-th such turn after, one more FP32
+replay with every parameter moved by a random share of the format's unit
+roundoff gives each layer's weight sensitivity at that precision
+(`_sensitivity`; evidence.threshold).
+
 A module whose low-precision output is non-finite while its inputs are finite
 is an overflow source; the replay is repeated with the sources kept in FP32 (as
 one would), so that the other layers are judged on what remains. A forward
@@ -61,6 +67,7 @@ import dataclasses
 import math
 import warnings
 
+from .evidence import threshold
 from .gradient_error import Reference, flat
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound, float_leaves
 
@@ -76,7 +83,8 @@ MAX_OVERFLOW_PASSES = 6
 the first new source, so up to 5 are kept (the last replay still records any others)."""
 RECHECK_EVERY = 8
 """The real backward's gradients stand in for the FP32 reference replay once a replay has matched them; every
-this many format turns the reference is replayed again to check that they still match."""
+this many format turns the reference is replayed again to check that they still match. Also how often a
+format's weight sensitivity is measured again (on its turns with a layer standing out: `_sensitivity`)."""
 MATCH_TOLERANCE = 1e-6
 """Relative distance within which the real gradients match the reference replay (FP32 reassociation; the
 errors the replays measure are 1e-4 and above)."""
@@ -144,6 +152,7 @@ class ShadowRecord:
         self.steps: list = []                 # the shadowed step numbers (at most MAX_LISTED_STEPS kept)
         self.count = 0
         self.floor: dict = {}                 # layer -> [sum, steps]
+        self.sensitivity: dict = {}           # (layer, fmt) -> [sum, turns]
         self.sums: dict = {}                  # (layer, fmt, scale_log2) -> Sums
         self.sources: dict = {}               # fmt -> {layer: steps it overflowed}
         self.unsplit_steps = 0                # steps whose batch could not be halved
@@ -167,6 +176,12 @@ class ShadowRecord:
         total, n = self.floor.get(layer, (0.0, 0))
         return total / n if n else None
 
+    def mean_sensitivity(self, layer: str, fmt: str):
+        """The layer's weight sensitivity at the format's precision, mean over the turns that measured it (None:
+        none did)."""
+        total, n = self.sensitivity.get((layer, fmt), (0.0, 0))
+        return total / n if n else None
+
     def windows(self, layer: str, fmt: str) -> list:
         """[{"from_step", "early", "late", "by_scale"}, ...]: the means at scale 1 of the shadowed steps before
         and from the first step of each epoch of the format, for every epoch that leaves MIN_WINDOW_TURNS turns on
@@ -187,13 +202,15 @@ class ShadowRecord:
 
     def to_dict(self) -> dict:
         """{"steps", "layers": {layer: {"noise_floor", "formats": {fmt: {scale_log2: means}}, "windows": {fmt:
-        windows}}}, "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
+        windows}, "sensitivity": {fmt: mean}}}, "overflow_sources": {fmt: {layer: steps}}, "unsplit_steps"}."""
         layers: dict = {}
         for (layer, fmt, scale), sums in self.sums.items():
-            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}, "windows": {}})
+            entry = layers.setdefault(layer, {"noise_floor": None, "formats": {}, "windows": {}, "sensitivity": {}})
             entry["formats"].setdefault(fmt, {})[scale] = sums.means()
             if scale == 0:
                 entry["windows"][fmt] = self.windows(layer, fmt)
+                if (layer, fmt) in self.sensitivity:
+                    entry["sensitivity"][fmt] = self.mean_sensitivity(layer, fmt)
         for layer in layers:
             layers[layer]["noise_floor"] = self.mean_floor(layer)
         return {"shadowed_steps": self.count, "steps": list(self.steps), "layers": layers,
@@ -250,6 +267,7 @@ class ShadowSteps:
         self._module_names: dict = {}         # id(module) -> qualified name in core
         self._layer_names: dict = {}          # id(module) -> the watcher's record name
         self._escalated: set = set()          # formats whose other candidate scales are replayed
+        self._standing_out: dict = {}         # format -> its turns with a layer standing out at scale 1
         self._turn = 0                        # position in the rotation: the noise floor, then each format
         self._compute = None                  # the emulated replays' FP32Compute mode (its caches kept)
         self._real_matches = None             # whether the real gradients matched the last reference replay
@@ -525,16 +543,39 @@ class ShadowSteps:
         epoch = self.record.turn(lim.name, capture.step)
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
+            at1 = at1 or (by_layer if scale == 0 else at1)
             for name, _ in self._groups:
                 if name in by_layer:
                     self.record.add(name, lim.name, scale, by_layer[name], epoch)
+        if any(m is not None and not m["nonfinite_share"] and m["rel_error"] > threshold(self.record.mean_floor(name))
+               for name, m in at1.items()):
+            turns = self._standing_out[lim.name] = self._standing_out.get(lim.name, 0) + 1
+            if turns % RECHECK_EVERY == 1:     # the first such turn, then every RECHECK_EVERY-th: it varies slowly
+                self._sensitivity(lim, capture, params, device, ref)
+
+    def _sensitivity(self, lim, capture, params, device, ref) -> None:
+        """Sum each layer's weight sensitivity at `lim`'s precision into the record: the relative change of its
+        FP32 gradient when every parameter moves by a random share of up to one unit roundoff of the format
+        (2^-(man_bits+1)), as rounding the weights to it does. An error no larger is backward-stable: the
+        low-precision step is an FP32 step of weights the format cannot tell apart (evidence.threshold)."""
+        import torch
+
+        unit = math.ldexp(1.0, -(lim.fmt.man_bits + 1))
+        generator = torch.Generator().manual_seed(capture.step)     # its own stream: the run's are untouched
+        moved = {n: (p * (1 + unit * (2 * torch.rand(p.shape, generator=generator) - 1).to(p.device, p.dtype)))
+                 .detach().requires_grad_(True) for n, p in params.items()}
+        by_layer = ref.compare(self._backward(capture, moved, FP32(device), (0,))[0])
+        for name, _ in self._groups:
+            m = by_layer.get(name)
+            if m is not None and not m["nonfinite_share"]:
+                entry = self.record.sensitivity.setdefault((name, lim.name), [0.0, 0])
+                entry[0] += m["rel_error"]
+                entry[1] += 1
 
     def _escalate(self, lim, at1: dict) -> bool:
         """Whether to replay the other candidate scales (at1: each layer's measurements at scale 1): from the
         first step where a layer stands out at scale 1 (against its mean noise floor so far) on, always (so
         that their means cover every step since)."""
-        from .evidence import threshold
-
         if lim.name not in self._escalated:
             for name, _ in self._groups:
                 m = at1.get(name)

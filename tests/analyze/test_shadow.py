@@ -286,6 +286,22 @@ class ThreeSources(nn.Module):
         return self.out(self.norm2(self.boost(h)))
 
 
+def test_saturated_attention_is_ok_in_bf16_as_real_bf16_training_is():
+    """A one-hot softmax: BF16 rounding decides which key wins, the query/key/embedding gradients differ from
+    FP32's by about 100%, above their noise-floor threshold; but moving the FP32 weights by one BF16 rounding
+    unit changes them as much (the weight sensitivity), and real BF16 autocast training matches FP32."""
+    report = observe("saturated")
+    for layer in ("embed", "q", "k"):
+        ev = report.shadow_evidence[layer]["bf16"]
+        assert ev["grad_rel_error"] > 0.5 >= min(ev["noise_floor"], 0.5)      # stands out of the floor alone
+        assert ev["sensitivity"] is not None and ev["grad_rel_error"] <= ev["threshold"]
+        assert report.verdict(layer, "bf16") == "ok"
+    assert report.shadow_evidence["v"]["bf16"]["sensitivity"] is not None
+    fp32, _ = real("saturated")
+    bf16, _ = real("saturated", dtype=torch.bfloat16)
+    assert bf16 < fp32 * 1.02                                            # the oracle: BF16 trains as FP32 does
+
+
 def test_every_overflow_source_is_found_side_by_side_and_behind_another():
     """Each replay that finds a source stops there and is repeated with it in FP32 (shadow.MAX_OVERFLOW_PASSES):
     sources found together in one forward before must all still be found, and the one behind them too."""
