@@ -561,9 +561,15 @@ class ShadowSteps:
         import torch
 
         unit = math.ldexp(1.0, -(lim.fmt.man_bits + 1))
-        generator = torch.Generator().manual_seed(capture.step)     # its own stream: the run's are untouched
-        moved = {n: (p * (1 + unit * (2 * torch.rand(p.shape, generator=generator) - 1).to(p.device, p.dtype)))
-                 .detach().requires_grad_(True) for n, p in params.items()}
+        generators: dict = {}          # streams of their own, seeded by the step: the run's are untouched
+
+        def share(p):
+            g = generators.get(p.device)
+            if g is None:
+                g = generators[p.device] = torch.Generator(device=p.device).manual_seed(capture.step)
+            return 2 * torch.rand(p.shape, generator=g, device=p.device) - 1
+
+        moved = {n: (p * (1 + unit * share(p)).to(p.dtype)).detach().requires_grad_(True) for n, p in params.items()}
         by_layer = ref.compare(self._backward(capture, moved, FP32(device), (0,))[0])
         for name, _ in self._groups:
             m = by_layer.get(name)

@@ -101,6 +101,28 @@ def test_shadow_steps_leave_the_run_bitwise_unchanged():
     assert torch.equal(rng0, rng1) and torch.equal(draw0, draw1)
 
 
+def _train_saturated(shadow: bool):
+    model, loss_fn, batches = task("saturated")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    w = watch(model, formats=("bf16",), shadow_every=1).attach() if shadow else None
+    for x, y in batches(4):
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if w is not None:
+        w.close()
+        assert w.shadow.record.sensitivity          # the weight-sensitivity replay ran
+    return model, torch.get_rng_state()
+
+
+def test_weight_sensitivity_replays_leave_the_run_bitwise_unchanged():
+    (m0, rng0), (m1, rng1) = _train_saturated(False), _train_saturated(True)
+    for (n, a), (_, b) in zip(m0.state_dict().items(), m1.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert torch.equal(rng0, rng1)
+
+
 class Stateful(nn.Module):
     """A forward that draws from a generator of its own, Python's and numpy's RNGs (LayerDrop-style), and keeps
     state in plain attributes: the last hidden tensor and a call counter."""
