@@ -55,8 +55,9 @@ this factor. A layer near its threshold, whose windows straddle it by noise, is 
 
 def threshold(floor, sensitivity=None) -> float:
     """The gradient error above which a layer stands out, from its noise floor (None: not measured) and its
-    weight sensitivity at the format's precision (None: not measured): at least the sensitivity, which no cap
-    holds (an error no larger is what the FP32 step itself does to weights the format cannot tell apart)."""
+    weight sensitivity at the format's precision (None: not measured): at least SENSITIVITY_MARGIN times the
+    sensitivity, which no cap holds (an error of that size is what the FP32 step itself does to weights the
+    format cannot tell apart)."""
     limit = FALLBACK_THRESHOLD if floor is None else min(max(MARGIN * floor, MIN_TOLERATED_ERROR),
                                                            MAX_TOLERATED_ERROR)
     return limit if sensitivity is None else max(limit, SENSITIVITY_MARGIN * sensitivity)

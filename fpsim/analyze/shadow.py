@@ -543,7 +543,8 @@ class ShadowSteps:
         epoch = self.record.turn(lim.name, capture.step)
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
-            at1 = at1 or (by_layer if scale == 0 else at1)
+            if scale == 0:
+                at1 = by_layer
             for name, _ in self._groups:
                 if name in by_layer:
                     self.record.add(name, lim.name, scale, by_layer[name], epoch)
@@ -569,7 +570,8 @@ class ShadowSteps:
                 g = generators[p.device] = torch.Generator(device=p.device).manual_seed(capture.step)
             return 2 * torch.rand(p.shape, generator=g, device=p.device) - 1
 
-        moved = {n: (p * (1 + unit * share(p)).to(p.dtype)).detach().requires_grad_(True) for n, p in params.items()}
+        moved = {n: (p * (1 + unit * share(p)).to(p.dtype)).detach().requires_grad_(True)
+                 for n, p in params.items()}
         by_layer = ref.compare(self._backward(capture, moved, FP32(device), (0,))[0])
         for name, _ in self._groups:
             m = by_layer.get(name)
