@@ -47,6 +47,9 @@ SENSITIVITY_MARGIN = 2.0
 """A layer is within its weight sensitivity when its error is at most this many times it: the sensitivity moves
 the weights alone by up to one rounding unit, while the low-precision step also rounds the inputs and output of
 every op on the way (measured on planted.Saturated in BF16: error / sensitivity 0.90 to 1.07)."""
+UNSETTLED_SE = 2.0
+"""A layer's mean error within this many standard errors (over its shadowed steps) of its threshold is reported as
+unsettled: the verdict stands, and its reason says that more shadowed steps would settle it."""
 CLEAR_CHANGE = 1.5
 """A layer's numerics changed during the run when its shadowed steps before some step and those from it on
 (ShadowRecord.windows) differ so: one window's error above its threshold by this factor, the other's below it by
@@ -170,6 +173,7 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
         ev = {"basis": "shadow steps", "steps": at1["steps"] if at1 else 0, "noise_floor": floor,
               "sensitivity": sensitivity, "threshold": limit, "margin": MARGIN,
               "grad_rel_error": at1["grad_rel_error"] if at1 else None,
+              "grad_rel_error_se": at1.get("grad_rel_error_se") if at1 else None,
               "cosine": at1["cosine"] if at1 else None,
               "share_zeroed": at1["share_zeroed"] if at1 else None,
               "share_nonfinite": at1["share_nonfinite"] if at1 else None,
@@ -211,6 +215,14 @@ def judge(layers: list, lim, shadow: dict, counted: dict, counted_choice: LossSc
             tried = ", ".join(f"2^{s}: {_num(m['grad_rel_error'])}" for s, m in sorted(by_scale.items()))
             verdicts[name] = Verdict("fp32", f"{quote}; no candidate scale brings it under its threshold ({tried})",
                                      None)
+        se, error = ev["grad_rel_error_se"], ev["grad_rel_error"]
+        ev["unsettled"] = bool(name not in sources and se and math.isfinite(error)
+                               and abs(error - limit) < UNSETTLED_SE * se)
+        if ev["unsettled"]:
+            v = verdicts[name]
+            verdicts[name] = dataclasses.replace(v, reason=f"{v.reason}; unsettled: the mean error is within "
+                                                 f"{UNSETTLED_SE:g} standard errors ({_num(se)}) of the threshold "
+                                                 f"over its {ev['steps']} shadowed steps, more would settle it")
         if name in changes:
             ev["numerics_changed"] = changes[name]
             v = verdicts[name]

@@ -97,6 +97,7 @@ class Sums:
     steps: int = 0
     finite_steps: int = 0
     rel_error: float = 0.0       # over finite steps
+    rel_error_sq: float = 0.0    # over finite steps: the spread of the mean
     cosine: float = 0.0          # over finite steps
     zeroed_share: float = 0.0    # over finite steps
     nonfinite_share: float = 0.0  # over all steps
@@ -107,13 +108,18 @@ class Sums:
         if m["nonfinite_share"] == 0:
             self.finite_steps += 1
             self.rel_error += m["rel_error"]
+            self.rel_error_sq += m["rel_error"] ** 2
             self.cosine += m["cosine"]
             self.zeroed_share += m["zeroed_share"]
 
     def means(self) -> dict:
         n = self.finite_steps
+        mean = self.rel_error / n if n else math.inf
+        spread = None
+        if n >= 2 and math.isfinite(self.rel_error_sq):     # the standard error of the mean over the steps
+            spread = math.sqrt(max(self.rel_error_sq - n * mean * mean, 0.0) / (n - 1) / n)
         return {"steps": self.steps, "nonfinite_steps": self.steps - n,
-                "grad_rel_error": self.rel_error / n if n else math.inf,
+                "grad_rel_error": mean, "grad_rel_error_se": spread,
                 "cosine": self.cosine / n if n else None,
                 "share_zeroed": self.zeroed_share / n if n else None,
                 "share_nonfinite": self.nonfinite_share / self.steps if self.steps else 0.0}

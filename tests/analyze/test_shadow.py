@@ -684,3 +684,42 @@ def test_a_format_whose_replay_fails_is_dropped_and_the_others_go_on():
     measured = w.shadow.record.to_dict()["layers"]["lin"]
     assert "bf16" in measured["formats"] and measured["noise_floor"] is not None
     assert any("shadow steps for fp16 stopped" in note for note in w.report().run.get("notes", []))
+
+
+# ------------------------------------------------------------- spread of the means
+def test_the_mean_error_carries_its_standard_error_over_the_shadowed_steps():
+    import statistics
+
+    from fpsim.analyze.shadow import Sums
+
+    errors = [0.3, 2.3, 0.4, 1.1, 0.35]
+    sums = Sums()
+    for e in errors:
+        sums.add({"rel_error": e, "cosine": 1.0, "zeroed_share": 0.0, "nonfinite_share": 0.0})
+    means = sums.means()
+    assert means["grad_rel_error"] == pytest.approx(statistics.fmean(errors))
+    assert means["grad_rel_error_se"] == pytest.approx(statistics.stdev(errors) / math.sqrt(len(errors)))
+    one = Sums()
+    one.add({"rel_error": 0.3, "cosine": 1.0, "zeroed_share": 0.0, "nonfinite_share": 0.0})
+    assert one.means()["grad_rel_error_se"] is None                  # one step: no spread to tell
+
+
+def test_a_verdict_whose_mean_is_within_two_standard_errors_of_its_threshold_says_so():
+    from types import SimpleNamespace
+
+    from fpsim.analyze.evidence import judge
+    from fpsim.analyze.verdicts import Verdict
+
+    def shadow(mean, se):
+        means = {"steps": 5, "nonfinite_steps": 0, "grad_rel_error": mean, "grad_rel_error_se": se,
+                 "cosine": 0.9, "share_zeroed": 0.0, "share_nonfinite": 0.0}
+        return {"shadowed_steps": 5, "overflow_sources": {},
+                "layers": {"a": {"noise_floor": 0.9, "formats": {"bf16": {0: means}}, "windows": {}}}}
+
+    layers = [SimpleNamespace(name="a", tied_with=())]
+    counted = {"a": Verdict("ok", "counts", None)}
+    for mean, se, verdict, unsettled in ((0.47, 0.2, "ok", True), (0.47, 0.01, "ok", False),
+                                         (0.6, 0.2, "fp32", True), (2.3, 0.2, "fp32", False)):
+        verdicts, _, evidence = judge(layers, FormatLimits.of("bf16"), shadow(mean, se), counted, None)
+        assert verdicts["a"].verdict == verdict and evidence["a"]["unsettled"] is unsettled
+        assert ("unsettled" in verdicts["a"].reason) is unsettled
