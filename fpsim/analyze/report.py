@@ -203,12 +203,14 @@ class Report:
         """How the shadow steps ran and the rule they judged by (None without shadow steps)."""
         if self.shadow is None:
             return None
-        from .evidence import FALLBACK_THRESHOLD, MARGIN, MAX_TOLERATED_ERROR, MIN_TOLERATED_ERROR
+        from .evidence import (FALLBACK_THRESHOLD, MARGIN, MAX_TOLERATED_ERROR, MIN_TOLERATED_ERROR,
+                               SENSITIVITY_MARGIN, UNSETTLED_SE)
 
         keep = ("every", "scales_log2", "numerics", "formats", "shadowed_steps", "steps", "unsplit_steps", "overflow_sources")
         out = {k: self.shadow[k] for k in keep if k in self.shadow}
         out["rule"] = {"margin": MARGIN, "min_tolerated_error": MIN_TOLERATED_ERROR,
-                       "max_tolerated_error": MAX_TOLERATED_ERROR, "fallback_threshold": FALLBACK_THRESHOLD}
+                       "max_tolerated_error": MAX_TOLERATED_ERROR, "fallback_threshold": FALLBACK_THRESHOLD,
+                       "sensitivity_margin": SENSITIVITY_MARGIN, "unsettled_se": UNSETTLED_SE}
         if self.counted is not None:
             out["counted_loss_scale"] = {n: ls.to_dict() for n, ls in self.counted["loss_scale"].items()}
             out["counted_verdicts"] = {name: {f: v.verdict for f, v in by.items()}

@@ -164,10 +164,13 @@ def shadow_lines(report) -> list:
     if not shadow:
         return []
     rule = shadow["rule"]
+    sensitivity = rule.get("sensitivity_margin")      # (absent from reports saved before it was part of the rule)
     lines = ["", f"verdicts from shadow steps ({shadow['shadowed_steps']} steps replayed, every {shadow['every']}; "
                  f"{', '.join(shadow['formats'])}): a layer needs loss scaling or FP32 only when its gradient error "
                  f"exceeds {rule['margin']:g} x its noise floor (kept within {rule['min_tolerated_error']:g}.."
-                 f"{rule['max_tolerated_error']:g}); value-count verdicts: report.json"]
+                 f"{rule['max_tolerated_error']:g})"
+                 + ("" if sensitivity is None else f" and, where measured, {sensitivity:g} x its weight sensitivity")
+                 + "; value-count verdicts: report.json"]
     cleared = {}
     for op in report.ops:
         for lim in report.limits:
