@@ -208,11 +208,18 @@ def _emulated(args, script_args) -> int:
     say = (lambda label: None) if args.quiet else (lambda label: print(f"fpsim analyze: emulating {label}",
                                                                       file=sys.stderr))
     run = confirm.confirm if args.confirm else confirm.emulate_script
+    code = 0
     try:
         section = run(args.script, script_args, recipe, args.out, steps=args.steps, on_run=say)
     except KeyboardInterrupt:
         print("fpsim analyze: interrupted", file=sys.stderr)
         return 130
+    except confirm.RunsFailed as failed:      # written: every run, with what the script raised in some
+        section, code = failed.section, 1
+        for label, err in failed.errors:
+            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+            print(f"fpsim analyze: the training script raised {type(err).__name__} under emulation: {err} "
+                  f"(run: {label}; its losses before it are kept)", file=sys.stderr)
     except BaseException as err:
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
         print(f"fpsim analyze: the training script raised {type(err).__name__} under emulation: {err}",
@@ -223,7 +230,7 @@ def _emulated(args, script_args) -> int:
     else:
         where = "report.json" if args.confirm else "emulation.json"
         print(f"\n{confirm.table(section)}\n\nlosses written to {args.out}/: {where}, {section['figure']}")
-    return 0
+    return code
 
 
 def _add_analyzer_options(p, with_modules: bool = False) -> None:

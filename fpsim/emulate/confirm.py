@@ -7,10 +7,14 @@
 
 The `emulation` section (report.json, or emulation.json on its own) is
 {"recipe", "steps", "seed", "figure", "runs": [{"label", "recipe", "options", "loss_scale",
-"kept_modules", "fp8_layers", "steps", "losses", "notes"}]}: one loss per backward pass,
+"kept_modules", "fp8_layers", "steps", "losses", "notes", "error"}]}: one loss per backward pass,
 non-finite losses written "nan", "inf", "-inf" as the report writes them. Every run starts
 from torch.manual_seed(seed), so a script that does not seed itself still starts each run
 from the same weights.
+
+A run whose script raises keeps the losses before the exception, its `error` says what was
+raised (else null), and the other runs go on; once the section and then the figure are
+written, RunsFailed carries the exceptions (the CLI prints them and exits 1).
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ FIGURE = "emulation_losses.png"
 SEED = 0
 CONFIRM_RECIPE = "fp16"
 """The recipe --confirm runs without --emulate: the one that most needs the analyzer's protection."""
+
+
+class RunsFailed(Exception):
+    """The script raised in some runs; `section` (written) holds every run, `errors` is [(label, exception)]."""
+
+    def __init__(self, section: dict, errors: list):
+        self.section, self.errors = section, errors
+        super().__init__("; ".join(f"{label}: {type(err).__name__}: {err}" for label, err in errors))
 
 
 def check_confirm(script, args, recipe, confirming: bool, formats) -> None:
@@ -49,7 +61,7 @@ def check_confirm(script, args, recipe, confirming: bool, formats) -> None:
 
 def emulate_script(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
     """Run the script once under `recipe`; write out/emulation.json and the figure; the section."""
-    return _write(_section(script, args, [("", recipe, {})], steps, on_run), out, None)
+    return _written(*_section(script, args, [("", recipe, {})], steps, on_run), out, None)
 
 
 def confirm(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
@@ -59,7 +71,7 @@ def confirm(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
     name = recipe_name(recipe)
     runs = [("fp32", "fp32", {}), (f"{name}, unprotected", recipe, {}),
             (f"{name}, as the report recommends", recipe, {"from_report": report})]
-    return _write(_section(script, args, runs, steps, on_run), out, report)
+    return _written(*_section(script, args, runs, steps, on_run), out, report)
 
 
 def table(section: dict) -> str:
@@ -69,40 +81,49 @@ def table(section: dict) -> str:
         losses = [float(x) for x in run["losses"]]
         bad = sum(not math.isfinite(x) for x in losses)
         first, last = (f"{losses[0]:11.6g}", f"{losses[-1]:11.6g}") if losses else ("-".rjust(11),) * 2
-        lines.append(f"{run['label'][:40]:40s} {run['steps']:5d} {first} {last} {bad:7d}")
+        raised = f"  raised {run['error'].split(':')[0]}" if run.get("error") else ""
+        lines.append(f"{run['label'][:40]:40s} {run['steps']:5d} {first} {last} {bad:7d}{raised}")
     return "\n".join(lines)
 
 
-def _section(script, args, runs, steps, on_run) -> dict:
+def _section(script, args, runs, steps, on_run) -> tuple:
+    """(the section, [(label, exception)] of the runs whose script raised)."""
     made = [(label, ScriptEmulation(script, args, spec, steps=steps, seed=SEED, **options), options)
             for label, spec, options in runs]                   # every option checked before the first run
-    out = []
+    out, errors = [], []
     for label, emulation, options in made:
         label = label or emulation.name
         if on_run is not None:
             on_run(label)
-        run = emulation.run()
+        error = None
+        try:
+            run = emulation.run()
+        except Exception as err:      # the script's own: its losses so far are kept, and the other runs go on
+            errors.append((label, err))
+            run, error = emulation.result(), f"{type(err).__name__}: {err}"
         summary = emulation.emulation.summary() if emulation.emulation is not None else {}
         out.append({"label": label, "recipe": run.recipe,
                     "options": {k: os.path.basename(v) if k == "from_report" else v for k, v in options.items()},
                     "loss_scale": summary.get("loss_scale"), "kept_modules": summary.get("kept_modules", []),
                     "fp8_layers": sorted(summary.get("fp8_layers", {})), "steps": run.steps,
-                    "losses": [_jsonable(x) for x in run.losses], "notes": run.notes})
+                    "losses": [_jsonable(x) for x in run.losses], "notes": run.notes, "error": error})
     name = made[-1][1].name
-    return {"recipe": name, "steps": steps, "seed": SEED, "figure": FIGURE, "runs": out}
+    return {"recipe": name, "steps": steps, "seed": SEED, "figure": FIGURE, "runs": out}, errors
 
 
-def _write(section: dict, out, report) -> dict:
-    """The figure, then the section: into report.json (`emulation`) or emulation.json."""
+def _written(section: dict, errors: list, out, report) -> dict:
+    _write(section, out, report)
+    if errors:
+        raise RunsFailed(section, errors)
+    return section
+
+
+def _write(section: dict, out, report) -> None:
+    """The section, into report.json (`emulation`) or emulation.json; then the figure."""
     from ..plots import loss_curves
 
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
-    figure = loss_curves({run["label"]: [float(x) for x in run["losses"]] for run in section["runs"]},
-                         title=f"Loss curves under emulation: {section['recipe']}")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    _atomic_write(os.path.join(out, FIGURE), buffer.getvalue())
     if report is None:
         document, path = {"schema": "fpsim.emulate.runs/1", **section}, os.path.join(out, "emulation.json")
     else:
@@ -110,7 +131,11 @@ def _write(section: dict, out, report) -> dict:
             document = json.load(f)
         document["emulation"], path = section, report
     _atomic_write(path, json.dumps(document, indent=1, allow_nan=False).encode())
-    return section
+    figure = loss_curves({run["label"]: [float(x) for x in run["losses"]] for run in section["runs"]},
+                         title=f"Loss curves under emulation: {section['recipe']}")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    _atomic_write(os.path.join(out, FIGURE), buffer.getvalue())
 
 
 def _jsonable(x: float):

@@ -77,6 +77,10 @@ class ScriptEmulation:
                 self.emulation.__exit__(*sys.exc_info())
             sys.argv = saved_argv
             sys.path[:] = saved_path
+        return self.result()
+
+    def result(self) -> Run:
+        """What the run produced: all of it once run() returned, what came before the exception when it raised."""
         em = self.emulation
         if em is None:
             return Run(self.name, [], 0, ["no module ran a forward pass with gradients enabled: nothing was emulated"])

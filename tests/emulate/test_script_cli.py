@@ -129,3 +129,27 @@ def test_a_script_that_raises_under_emulation_exits_1(tmp_path, capsys):
     assert cli.main(["analyze", "--emulate", "fp16", "--out", str(tmp_path / "out"), str(path)]) == 1
     assert "RuntimeError under emulation: the data loader broke" in capsys.readouterr().err
     assert not torch.is_autocast_enabled("cpu")                        # the emulation ended with the script
+    (run,) = json.loads((tmp_path / "out" / "emulation.json").read_text())["runs"]   # written all the same
+    assert run["error"] == "RuntimeError: the data loader broke" and len(run["losses"]) == 1
+
+
+def test_confirm_keeps_every_run_when_the_script_raises_in_some(script, tmp_path, capsys):
+    """The script stops itself once its logits come out in FP16 (a NaN check would, after an overflow):
+    FP32's run is whole, each FP16 run keeps the losses before its exception, the report gets them all."""
+    path = tmp_path / "checked.py"
+    path.write_text(SCRIPT.replace("        loss = nn.functional.cross_entropy(model(x), y)\n",
+                                   "        out = model(x)\n"
+                                   "        if step == 2 and out.dtype == torch.float16:\n"
+                                   "            raise FloatingPointError('fp16 logits')\n"
+                                   "        loss = nn.functional.cross_entropy(out, y)\n"))
+    out, record = tmp_path / "out", tmp_path / "losses.json"
+    assert cli.main(["analyze", "--confirm", "--emulate", "fp16", "--steps", str(STEPS), "--formats", "fp16,bf16",
+                     "--quiet", "--out", str(out), str(path), "--", "--record", str(record)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("FloatingPointError under emulation: fp16 logits") == 2
+    fp32, unprotected, recommended = json.loads((out / "report.json").read_text())["emulation"]["runs"]
+    assert fp32["error"] is None and fp32["losses"] == _in_process(script)
+    for run in (unprotected, recommended):
+        assert run["error"] == "FloatingPointError: fp16 logits"
+        assert run["losses"] == _in_process(script, "fp16")[:2]          # the two steps before the raise
+    assert (out / "emulation_losses.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
