@@ -98,7 +98,8 @@ def _section(script, args, runs, steps, on_run) -> tuple:
         error = None
         try:
             run = emulation.run()
-        except Exception as err:      # the script's own: its losses so far are kept, and the other runs go on
+        except (Exception, SystemExit) as err:   # the script's own (or its exit status): its losses so far are
+            # kept, and the other runs go on
             errors.append((label, err))
             run, error = emulation.result(), f"{type(err).__name__}: {err}"
         summary = emulation.emulation.summary() if emulation.emulation is not None else {}
@@ -112,6 +113,7 @@ def _section(script, args, runs, steps, on_run) -> tuple:
 
 
 def _written(section: dict, errors: list, out, report) -> dict:
+    """Write the section; then raise RunsFailed if some run raised, else return it."""
     _write(section, out, report)
     if errors:
         raise RunsFailed(section, errors)

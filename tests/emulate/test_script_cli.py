@@ -131,6 +131,10 @@ def test_a_script_that_raises_under_emulation_exits_1(tmp_path, capsys):
     assert not torch.is_autocast_enabled("cpu")                        # the emulation ended with the script
     (run,) = json.loads((tmp_path / "out" / "emulation.json").read_text())["runs"]   # written all the same
     assert run["error"] == "RuntimeError: the data loader broke" and len(run["losses"]) == 1
+    path.write_text(path.read_text().replace("raise RuntimeError('the data loader broke')", "raise SystemExit(3)"))
+    assert cli.main(["analyze", "--emulate", "fp16", "--out", str(tmp_path / "out3"), str(path)]) == 1
+    (run,) = json.loads((tmp_path / "out3" / "emulation.json").read_text())["runs"]   # an exit status as well
+    assert run["error"] == "SystemExit: 3" and len(run["losses"]) == 1
 
 
 def test_confirm_keeps_every_run_when_the_script_raises_in_some(script, tmp_path, capsys):
