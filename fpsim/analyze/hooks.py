@@ -50,7 +50,8 @@ REPLICATED_KINDS = ("weight", "optimizer_grad", "update")
 LOW_PRECISION = ("torch.float16", "torch.bfloat16")
 COUNTED_CACHE = 256
 """Counts of this many recent tensors are kept, so that a tensor seen again (an op output that is also its
-module's output, a gradient reaching two hooks) is added again without a second pass."""
+module's output, or a view of it over the same memory, such as a Linear's 3-D output of its 2-D addmm; a gradient
+reaching two hooks) is added again without a second pass."""
 MAX_OUTPUT_HOOKS = 4096
 """Module outputs with a gradient hook of their own, at most (entries of tensors gone are dropped then)."""
 
@@ -151,8 +152,8 @@ class Watcher:
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
-        self._counted: dict = {}                        # id(tensor) -> (weakref, version, unscale, record,
-                                                        #   counts, amax, mass): a kernel record, else the rest
+        self._counted: dict = {}                        # _cache_key(tensor) -> (weakref, version, unscale,
+                                                        #   record, counts, amax, mass): a kernel record, else the rest
         self._dtypes: dict = {}                         # record name -> {torch dtype: tensors}
         self.autocast: dict = {}                        # device type -> autocast dtype seen
         self._optimizer_params = weakref.WeakKeyDictionary()
@@ -667,9 +668,9 @@ class Watcher:
         row = store.index.get(kind, _NO_ROWS).get(name)
         if row is None:
             row = store.row(name, kind, tensor)
-        key, version = id(tensor), tensor._version
+        key, version = _cache_key(tensor), tensor._version
         seen = self._counted.get(key) if cached else None
-        if seen is not None and seen[0]() is tensor and seen[1] == version and seen[2] == unscale:
+        if seen is not None and seen[2] == unscale and _same_values(seen[0](), tensor, seen[1]):
             record, counts, amax, mass = seen[3:]
             if record is not None:
                 store.add_record(row, record, amax, self.step)
@@ -968,3 +969,26 @@ def _float_tensors(output, depth: int = 0):
     elif depth < 4 and hasattr(output, "keys") and hasattr(output, "__getitem__"):   # ModelOutput and kin
         for key in list(output.keys()):
             yield from _float_tensors(output[key], depth + 1)
+
+
+def _cache_key(tensor):
+    """The counts cache's key: a plain contiguous tensor's memory (a view of it over the same bytes holds the
+    same values), else the object itself (sparse layouts; tensor subclasses, whose data_ptr need not be
+    their values')."""
+    import torch
+
+    if type(tensor) is torch.Tensor and tensor.layout == torch.strided and tensor.is_contiguous():
+        return tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device
+    return id(tensor)
+
+
+def _same_values(original, tensor, version: int) -> bool:
+    """Whether `tensor` holds the values `original` (None: gone) had when it was counted at `version`: the same
+    tensor, or a view of the same base (views share one version counter), not written since."""
+    if original is None:
+        return False
+    if original is not tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        if (original._base if original._base is not None else original) is not base:
+            return False
+    return tensor._version == version

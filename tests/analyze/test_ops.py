@@ -582,3 +582,45 @@ def test_a_tensor_seen_again_reuses_its_counts_only_while_its_values_are_unchang
     assert_same(block.hist, numpy_count((h * 3.0).numpy()))              # after it: counted again, not reused
     lin = report.layer("lin").tensors["activation"]
     assert_same(lin.hist, numpy_count(h.numpy()))                        # the Linear's output, before the write
+
+
+class ViewOut(nn.Module):
+    """A Linear on 3-D input (its output a view of addmm's), then an in-place add on that output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.seen = y.detach().clone()
+        return y.add_(0.5)
+
+
+def test_a_view_over_a_counted_op_output_is_counted_once_and_exactly(monkeypatch):
+    """The Linear's record gets its output's exact counts from addmm's pass over the same memory (no second
+    pass); after an in-place write through the view, the model's output is counted afresh."""
+    from fpsim.analyze.store import Store
+
+    passes = []
+    count_into = Store.count_into
+
+    def counting(self, row, address, n, *args):
+        passes.append((row, address))
+        return count_into(self, row, address, n, *args)
+
+    monkeypatch.setattr(Store, "count_into", counting)
+    torch.manual_seed(0)
+    model = ViewOut()
+    x = torch.randn(4, 5, 8)
+    with fpsim.watch(model, formats=("fp16",), modules="all") as w:
+        out = model(x)
+        out.sum().backward()
+    report = w.report()
+    lin, root = report.layer("lin").tensors["activation"], report.layer("ViewOut").tensors["activation"]
+    assert_same(lin.hist, numpy_count(model.seen.numpy()))
+    assert_same(root.hist, numpy_count(out.detach().numpy()))
+    assert_same(report.layer("lin:addmm").tensors["activation"].hist, numpy_count(model.seen.numpy()))
+    rows = {w._store.index["activation"][name]: name for name in ("lin", "lin:addmm", "ViewOut")}
+    read = [rows[row] for row, _ in passes if row in rows]
+    assert read.count("lin:addmm") == 1 and "lin" not in read and read.count("ViewOut") == 1
