@@ -466,9 +466,7 @@ class Tracer:
         gradient pre-hook, as a later op's inputs would (a Linear on 3-D input is addmm and a view: the
         view alone consumes addmm's output); and if it made an autograd node, the next observed op does
         not take that node for its own."""
-        sequence = self._next_sequence()
-        if sequence != self._last_sequence:
-            self._last_sequence = sequence
+        self._last_sequence = self._next_sequence()
         if self._grad_wanted:
             self._hook_inputs(args)
 

@@ -657,9 +657,10 @@ class Watcher:
         """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty).
 
         unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
-        A tensor counted a moment ago and unchanged since (same object, same
-        version) is added again from its counts, unless `cached` is False (the
-        output of an in-place op, whose version torch bumps only after it).
+        A tensor counted a moment ago and unchanged since (the same object, or
+        a view of the same base over the same memory, at the same version) is
+        added again from its counts, unless `cached` is False (the output of an
+        in-place op, whose version torch bumps only after it).
         """
 
         if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
@@ -985,10 +986,10 @@ def _cache_key(tensor):
 def _same_values(original, tensor, version: int) -> bool:
     """Whether `tensor` holds the values `original` (None: gone) had when it was counted at `version`: the same
     tensor, or a view of the same base (views share one version counter), not written since."""
-    if original is None:
+    if original is None or (original is not tensor and _base_of(original) is not _base_of(tensor)):
         return False
-    if original is not tensor:
-        base = tensor._base if tensor._base is not None else tensor
-        if (original._base if original._base is not None else original) is not base:
-            return False
     return tensor._version == version
+
+
+def _base_of(tensor):
+    return tensor._base if tensor._base is not None else tensor
