@@ -387,6 +387,10 @@ class Tracer:
         """A context in which the client's own tensor operations pass through without interception."""
         return _Busy(self._busy)
 
+    def is_busy(self) -> bool:
+        """Whether the client's own work (a shadow replay, a count) is running on this thread."""
+        return getattr(self._busy, "on", False)
+
     # -------------------------------------------------------------- modules
     def current_module(self) -> str:
         return self._stack[-1] if self._stack else OUTSIDE
@@ -407,7 +411,7 @@ class Tracer:
         if self._is_compiling() or not self._stack:
             return
         name = self._stack.pop()
-        if getattr(self._busy, "on", False):
+        if self.is_busy():
             return
         self.client.module_output(name, module, output)
 
@@ -448,7 +452,7 @@ class Tracer:
     def _on_node_grads(self, grads):
         """The pre-hook of every node hooked (one function for all: the node is the one running)."""
         node = self._current_node()
-        if node is None or getattr(self._busy, "on", False):
+        if node is None or self.is_busy():
             return None
         sequence = node._sequence_nr()
         site, tags = self._nodes.get(sequence), self._hooked.get(sequence, ())
@@ -474,7 +478,7 @@ class Tracer:
         op = _OP_NAMES.get(func, False)
         if op is False:
             op = _OP_NAMES[func] = _op_name(func)
-        if getattr(self._busy, "on", False):
+        if self.is_busy():
             return out
         if op is None:
             if self._current_node() is None:

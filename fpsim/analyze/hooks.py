@@ -462,19 +462,18 @@ class Watcher:
         self._output_hooks[key] = (weakref.ref(tensor), tensor.register_hook(self._gradient_hook(record)))
 
     def _gradient_hook(self, name: str):
-        def on_gradient(grad):
-            if self._active and self._sampled:
-                try:
-                    self._count(name, "activation_grad", grad, unscale=True)
-                except Exception as err:
-                    self._fail(err)
-        return on_gradient
+        return self._tensor_hook(name, "activation_grad")
 
     def _param_grad_hook(self, name: str):
+        return self._tensor_hook(name, "weight_grad")
+
+    def _tensor_hook(self, name: str, kind: str):
+        """A gradient hook on a tensor of the run, counting on sampled steps (not in a shadow replay's backward,
+        which runs through the same tensors when a module returns one it keeps)."""
         def on_gradient(grad):
-            if self._active and self._sampled:
+            if self._active and self._sampled and not self._tracer.is_busy():
                 try:
-                    self._count(name, "weight_grad", grad, unscale=True)
+                    self._count(name, kind, grad, unscale=True)
                 except Exception as err:
                     self._fail(err)
         return on_gradient

@@ -462,14 +462,15 @@ class Table(nn.Module):
         return self.cache
 
 
-def test_a_module_output_returned_every_step_gets_one_hook_and_none_after():
-    # one gradient per backward (torch's own count: 10 backward passes), one hook on the tensor whatever the
-    # steps, and none left on the user's tensor after the block
+@pytest.mark.parametrize("shadow_every", [None, 2])
+def test_a_module_output_returned_every_step_gets_one_hook_and_none_after(shadow_every):
+    # one gradient per backward (torch's own count: 10 backward passes; a shadow replay's backwards through the
+    # kept tensor are not the run's), one hook on the tensor whatever the steps, none left after the block
     torch.manual_seed(0)
     model = Table()
     model()                                     # the table exists before the watch
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    with fpsim.watch(model, formats=("fp16",)) as w:
+    with fpsim.watch(model, formats=("fp16",), shadow_every=shadow_every) as w:
         for _ in range(10):
             loss = model().sum()
             opt.zero_grad()

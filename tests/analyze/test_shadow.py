@@ -101,6 +101,30 @@ def test_shadow_steps_leave_the_run_bitwise_unchanged():
     assert torch.equal(rng0, rng1) and torch.equal(draw0, draw1)
 
 
+def _counts(shadow_every):
+    torch.manual_seed(0)
+    model = DropoutBatchNorm()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16", "e4m3"), shadow_every=shadow_every) as w:
+        for _ in range(4):
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return {(layer.name, kind): (t.hist.counts.tolist(), t.samples, t.amax)
+            for layer in w.report().layers for kind, t in layer.tensors.items()}
+
+
+def test_shadow_steps_leave_the_counts_as_an_unshadowed_run_makes_them():
+    # the unshadowed counts are held to independent numpy counts in test_watch.py; the replays run the same
+    # modules and ops again, and none of theirs may be counted
+    plain, shadowed = _counts(None), _counts(1)
+    assert plain.keys() == shadowed.keys() and len(plain) > 10
+    for key in plain:
+        assert plain[key] == shadowed[key], key
+
+
 def _train_saturated(shadow: bool):
     model, loss_fn, batches = task("saturated")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
