@@ -548,7 +548,7 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                 shadow_evidence.setdefault(name, {})[lim.name] = ev
             if choice is not None:
                 loss_scale[lim.name] = choice
-    findings = [op for op in ops if _worse_than_module(op, verdicts, limits)]
+    findings = [op for op in ops if _worse_than_module(op, verdicts, limits, counted)]
     run = {**run_metadata(types), **run}
     section = None
     if recipes is not None:
@@ -576,11 +576,19 @@ def run_metadata(types: dict) -> dict:
             "torch_version": getattr(torch, "__version__", None), "python_version": platform.python_version()}
 
 
-def _worse_than_module(op, verdicts: dict, limits) -> bool:
+def _worse_than_module(op, verdicts: dict, limits, counted: dict | None = None) -> bool:
     """An op judges worse than its module's output in some format; an op outside every module (the loop's
-    own, such as the loss) when it needs FP32."""
+    own, such as the loss) when it needs FP32. Verdicts of one basis are compared: an op verdict from value
+    counts (counted: Report.counted, where shadow steps judged the modules) with its module's counted one,
+    not with the module's shadow-step verdict (a Linear's addmm and its output are one tensor)."""
     mine, theirs = verdicts[op.name], verdicts.get(op.module)
     if theirs is None:
         return any(mine[lim.name].verdict == "fp32" for lim in limits)
-    return any(SEVERITY[mine[lim.name].verdict] > SEVERITY[theirs[lim.name].verdict] for lim in limits)
+    for lim in limits:
+        other = theirs[lim.name]
+        if counted is not None and mine[lim.name] is counted["verdicts"][op.name][lim.name]:
+            other = counted["verdicts"][op.module][lim.name]
+        if SEVERITY[mine[lim.name].verdict] > SEVERITY[other.verdict]:
+            return True
+    return False
 

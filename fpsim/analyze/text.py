@@ -179,6 +179,15 @@ def shadow_lines(report) -> list:
     for fmt, names in cleared.items():
         lines.append(f"  {fmt}: {len(names)} ops the value counts judged fp32 or loss_scale, such as {names[0]}, "
                      f"are ok: not borne out by the replay (no overflow, no layer standing out)")
+    judged = {layer.name for layer in report.layers if layer.name in report.shadow_evidence}
+    for fmt, sources in shadow.get("overflow_sources", {}).items():
+        unjudged = [name for name in sources if name not in judged]
+        if unjudged:
+            lines.append(f"  {fmt}: the replay's output of {', '.join(unjudged[:4])}"
+                         + (f" and {len(unjudged) - 4} more" if len(unjudged) > 4 else "")
+                         + f" turned non-finite from finite inputs (on {max(sources[n] for n in unjudged)} of "
+                         f"{shadow['shadowed_steps']} shadowed steps); no layers of the report (no parameters of their "
+                         f"own), so no layer verdict: the op verdicts say which of their ops overflow")
     for lim in report.limits:
         for layer in report.layers:
             v = report.verdicts[layer.name][lim.name]

@@ -311,6 +311,57 @@ def test_real_overflow_gets_fp32_and_the_rest_stays_ok():
     assert report.verdict("raw", "bf16") == "ok"
 
 
+class Scores(nn.Module):
+    """Attention scores without parameters of their own: q @ k^T times 1e5, then softmax (beyond FP16 inside)."""
+
+    def forward(self, q, k):
+        return torch.softmax(q @ k.transpose(-1, -2) * 1e5, dim=-1)
+
+
+class ScoredAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.scores = Scores()
+
+    def forward(self, x):
+        return self.scores(self.q(x), self.k(x)) @ self.v(x)
+
+
+def test_an_overflow_inside_a_module_without_parameters_is_named_in_the_summary():
+    model = ScoredAttention()
+    x = torch.randn(4, 6, 8)
+    with torch.autocast("cpu", dtype=torch.float16):                # real FP16: Inf scores, a NaN softmax
+        assert not model(x).isfinite().all()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+        for _ in range(3):
+            loss = model(torch.randn(4, 6, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    assert report.shadow_summary()["overflow_sources"]["fp16"] == {"scores": 1}
+    assert "scores" not in [layer.name for layer in report.layers]     # no layer: its ops carry the verdict
+    assert report.verdict("scores:mul", "fp16") == "fp32" and "scores:mul" in [f.name for f in report.findings]
+    assert "fp16: the replay's output of scores turned non-finite from finite inputs" in report.summary_table()
+
+
+def test_an_op_that_is_its_modules_output_is_no_finding_when_the_replay_clears_the_module():
+    # body.6's addmm output is body.6's output (a Linear on 2-D input): one tensor, one count. Its module's
+    # verdict is the shadow steps' (ok), the op's the value counts' (loss_scale, like the module's own count):
+    # not an op that judges worse than its module.
+    from fpsim.analyze.demo import run_demo
+
+    report, _, _ = run_demo(None, steps=100, shadow_every=5, formats=("fp16",), save=False)
+    counted = report.counted["verdicts"]
+    assert counted["body.6:addmm"]["fp16"].verdict == counted["body.6"]["fp16"].verdict == "loss_scale"
+    assert report.verdict("body.6", "fp16") == "ok"
+    assert "body.6:addmm" not in [f.name for f in report.findings]
+
+
 class ThreeSources(nn.Module):
     """Two overflowing branches side by side (`left`, `right`), and behind them `boost`, whose FP16 output
     overflows only once both branches are finite: three sources, two found together and one after."""
