@@ -532,23 +532,30 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                                                 and e.tensors["activation"].overflows(lim)]
                 gradscaler[lim.name] = prediction
     counted, shadow_evidence = None, {}
+    by_counts = verdicts           # value-count verdicts at the loss scale in force: what an op is compared with
     if shadow is not None:
         from .evidence import judge, judge_ops
 
         counted = {"verdicts": {n: dict(v) for n, v in verdicts.items()}, "loss_scale": dict(loss_scale)}
+        by_counts = {n: dict(v) for n, v in verdicts.items()}
         for lim in limits:
             judged, choice, evidence = judge(modules, lim, shadow,
                                              {m.name: verdicts[m.name][lim.name] for m in modules},
                                              loss_scale[lim.name])
+            if choice is not None:
+                loss_scale[lim.name] = choice
+                if not lim.per_tensor_scaled:    # the counts judged again against the scale the replays chose
+                    for entry in entries.values():
+                        by_counts[entry.name][lim.name] = loss_scaled_verdict(entry, lim, choice, settings)
+                    for op in ops:
+                        verdicts[op.name][lim.name] = by_counts[op.name][lim.name]
             if not lim.per_tensor_scaled:
                 judged.update(judge_ops(ops, verdicts, judged, shadow, lim.name))
             for name, verdict in judged.items():
                 verdicts[name][lim.name] = verdict
             for name, ev in evidence.items():
                 shadow_evidence.setdefault(name, {})[lim.name] = ev
-            if choice is not None:
-                loss_scale[lim.name] = choice
-    findings = [op for op in ops if _worse_than_module(op, verdicts, limits, counted)]
+    findings = [op for op in ops if _worse_than_module(op, verdicts, limits, by_counts)]
     run = {**run_metadata(types), **run}
     section = None
     if recipes is not None:
@@ -576,19 +583,13 @@ def run_metadata(types: dict) -> dict:
             "torch_version": getattr(torch, "__version__", None), "python_version": platform.python_version()}
 
 
-def _worse_than_module(op, verdicts: dict, limits, counted: dict | None = None) -> bool:
+def _worse_than_module(op, verdicts: dict, limits, by_counts: dict) -> bool:
     """An op judges worse than its module's output in some format; an op outside every module (the loop's
-    own, such as the loss) when it needs FP32. Verdicts of one basis are compared: an op verdict from value
-    counts (counted: Report.counted, where shadow steps judged the modules) with its module's counted one,
-    not with the module's shadow-step verdict (a Linear's addmm and its output are one tensor)."""
-    mine, theirs = verdicts[op.name], verdicts.get(op.module)
+    own, such as the loss) when it needs FP32. Its module's verdict is taken on the op's basis, the value
+    counts (by_counts: at the loss scale in force), not from shadow steps (a Linear's addmm is its output:
+    one tensor, one count); an op that the shadow steps cleared is `ok`, never worse."""
+    mine, theirs = verdicts[op.name], by_counts.get(op.module)
     if theirs is None:
         return any(mine[lim.name].verdict == "fp32" for lim in limits)
-    for lim in limits:
-        other = theirs[lim.name]
-        if counted is not None and mine[lim.name] is counted["verdicts"][op.name][lim.name]:
-            other = counted["verdicts"][op.module][lim.name]
-        if SEVERITY[mine[lim.name].verdict] > SEVERITY[other.verdict]:
-            return True
-    return False
+    return any(SEVERITY[mine[lim.name].verdict] > SEVERITY[theirs[lim.name].verdict] for lim in limits)
 

@@ -362,6 +362,25 @@ def test_an_op_that_is_its_modules_output_is_no_finding_when_the_replay_clears_t
     assert "body.6:addmm" not in [f.name for f in report.findings]
 
 
+def test_op_verdicts_are_judged_at_the_loss_scale_the_shadow_steps_choose():
+    # the value counts ask FP16 for 2^16, the shadow steps for 2^8. The loss op's own gradient is the loss
+    # scale itself (d loss / d loss = 1, times the scale): 2^16 is beyond FP16's 65504, 2^8 is not. At the
+    # counts' scale the op was fp32 and a finding; at the scale in force it is neither.
+    from fpsim.analyze.demo import SensorNet, sensor_data, train
+
+    torch.manual_seed(0)
+    model = SensorNet(hidden=64, depth=6)
+    with watch(model, formats=("fp16",), shadow_every=10) as w:
+        train(model, sensor_data(), 100)
+    report = w.report()
+    counted_scale = report.counted["loss_scale"]["fp16"].recommended_log2
+    scale = report.loss_scale["fp16"].recommended_log2
+    assert 2.0 ** counted_scale > 65504 > 2.0 ** scale
+    assert report.counted["verdicts"]["loop:nll_loss_forward"]["fp16"].verdict == "fp32"
+    assert report.verdict("loop:nll_loss_forward", "fp16") == "ok"
+    assert "loop:nll_loss_forward" not in [f.name for f in report.findings]
+
+
 class ThreeSources(nn.Module):
     """Two overflowing branches side by side (`left`, `right`), and behind them `boost`, whose FP16 output
     overflows only once both branches are finite: three sources, two found together and one after."""
