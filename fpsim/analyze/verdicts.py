@@ -375,10 +375,10 @@ def loss_scaled_verdict(layer: Layer, lim, choice: LossScale, settings: Settings
                                   for t in grads for w in [t.window(lim, settings)])
                 problems.append(f"its gradients need loss scales that do not overlap ({spans})")
         elif choice.recommended_log2 is None or not window[0] <= choice.recommended_log2 <= window[1]:
-            problems.append(f"needs a loss scale in {_pow2(window[0])}..{_pow2(window[1])}, apart from the "
-                            f"{_pow2(choice.min_log2)}..{_pow2(choice.max_log2)} that serves the other layers"
-                            if choice.min_log2 is not None else
-                            f"needs a loss scale in {_pow2(window[0])}..{_pow2(window[1])}")
+            r = choice.recommended_log2
+            problems.append(f"needs a loss scale in {_pow2(window[0])}..{_pow2(window[1])}"
+                            + ("" if r is None else f", {'above' if r < window[0] else 'below'} the recommended "
+                               f"{_pow2(r)} that serves the other layers"))
         elif not window[0] <= 0 <= window[1]:
             needs_scale = True
             r = choice.recommended_log2

@@ -625,3 +625,30 @@ def test_a_view_over_a_counted_op_output_is_counted_once_and_exactly(monkeypatch
     rows = {w._store.index["activation"][name]: name for name in ("lin", "lin:addmm", "ViewOut")}
     read = [rows[row] for row, _ in passes if row in rows]
     assert read.count("lin:addmm") == 1 and "lin" not in read and read.count("ViewOut") == 1
+
+
+def test_an_op_outside_the_shared_window_says_on_which_side_of_the_recommended_scale():
+    # attention logits planted 1e6 times too large: the mul's gradients need a larger loss scale than the one
+    # the layers share; the reason states where, and the numbers it quotes must say so
+    import re
+
+    from fpsim.analyze.gpt import GPT, GPTConfig, token_batches
+
+    cfg = GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=16, logit_gain=1e6)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    batches = token_batches(cfg, 4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        for _ in range(3):
+            x, y = next(batches)
+            loss = nn.functional.cross_entropy(model(x).reshape(-1, cfg.vocab_size), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report()
+    reason = report.verdicts["h.0.attn:mul"]["fp16"].reason
+    found = re.search(r"needs a loss scale in 2\^(-?\d+)\.\.2\^(-?\d+), above the recommended 2\^(-?\d+)", reason)
+    assert found, reason
+    low, high, recommended = map(int, found.groups())
+    assert recommended < low <= high and recommended == report.loss_scale["fp16"].recommended_log2
