@@ -37,7 +37,7 @@ import dataclasses
 import math
 
 from ..trace import OUTSIDE
-from .verdicts import LossScale, Verdict
+from .verdicts import FORWARD_KINDS, LossScale, Verdict
 
 MARGIN = 1.0
 MIN_TOLERATED_ERROR = 0.01
@@ -255,21 +255,38 @@ def scale_reason(lim, choice: LossScale | None, evidence: dict) -> str | None:
     return text
 
 
-def judge_ops(ops: list, verdicts: dict, judged: dict, shadow: dict, fmt: str) -> dict:
+def judge_ops(ops: list, verdicts: dict, judged: dict, shadow: dict, lim, choice: LossScale | None) -> dict:
     """Op verdicts for a format the shadow steps replay whole (fp16, bf16), as {op name: Verdict}.
 
     An op inside the model acts on training only through the gradients the replay measured. Where the
     replay of this format was clean (no overflow source, every measured layer `ok`), an op's counted finding
-    showed in no gradient: `ok`, its counts quoted. Where it was not, the counted op verdicts stand: they
-    locate the cause. Ops outside every module (the loop's own, such as a loss) are not replayed.
+    showed in no gradient: `ok`, its counts quoted. Where every layer but the overflow sources was served at
+    the recommended scale (choice), so is every op whose forward values fit the format, outside the sources'
+    modules: `ok` too. Otherwise the counted op verdicts stand: they locate the cause. Ops outside every module
+    (the loop's own, such as a loss) are not replayed, nor are forward overflows on steps the replay did not
+    sample: an op whose forward values overflow keeps its counted verdict unless the replay was clean.
     """
-    if not judged or shadow.get("overflow_sources", {}).get(fmt) or any(v.verdict != "ok" for v in judged.values()):
+    fmt = lim.name
+    sources = shadow.get("overflow_sources", {}).get(fmt, {})
+    if not judged:
         return {}
+    clean = not sources and all(v.verdict == "ok" for v in judged.values())
+    served = choice is not None and all(v.verdict != "fp32" for n, v in judged.items() if n not in sources)
+    if not clean and not served:
+        return {}
+    if clean:
+        why = "no overflow showed in the model and no layer's gradient stood out of its noise floor"
+    else:
+        why = (f"every layer's gradient was within its noise floor at the recommended scale "
+               f"2^{choice.recommended_log2}" + (f", with {', '.join(sources)} in FP32" if sources else ""))
     out = {}
     for op in ops:
         counted = verdicts[op.name][fmt]
-        if op.module != OUTSIDE and counted.verdict != "ok":
-            out[op.name] = Verdict("ok", f"value counts: {counted.verdict} ({counted.reason}); not borne out: "
-                                   f"the {fmt} shadow steps found no overflow in the model and no layer's "
-                                   f"gradient standing out of its noise floor", tensor_scales=counted.tensor_scales)
+        if op.module == OUTSIDE or counted.verdict == "ok":
+            continue
+        if not clean and (any(op.module == s or op.module.startswith(s + ".") for s in sources)
+                          or any(t.overflows(lim, 0) for k, t in op.tensors.items() if k in FORWARD_KINDS)):
+            continue
+        out[op.name] = Verdict("ok", f"value counts: {counted.verdict} ({counted.reason}); not borne out: in the "
+                               f"{fmt} shadow steps {why}", tensor_scales=counted.tensor_scales)
     return out

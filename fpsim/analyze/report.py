@@ -550,7 +550,7 @@ def build_report(snapshot, limits: list, settings: Settings, run: dict, types: d
                     for op in ops:
                         verdicts[op.name][lim.name] = by_counts[op.name][lim.name]
             if not lim.per_tensor_scaled:
-                judged.update(judge_ops(ops, verdicts, judged, shadow, lim.name))
+                judged.update(judge_ops(ops, verdicts, judged, shadow, lim, choice))
             for name, verdict in judged.items():
                 verdicts[name][lim.name] = verdict
             for name, ev in evidence.items():

@@ -178,7 +178,7 @@ def shadow_lines(report) -> list:
                 cleared.setdefault(lim.name, []).append(op.name)
     for fmt, names in cleared.items():
         lines.append(f"  {fmt}: {len(names)} ops the value counts judged fp32 or loss_scale, such as {names[0]}, "
-                     f"are ok: not borne out by the replay (no overflow, no layer standing out)")
+                     f"are ok: not borne out by the replay (each op's reason in report.json says how)")
     judged = {layer.name for layer in report.layers if layer.name in report.shadow_evidence}
     for fmt, sources in shadow.get("overflow_sources", {}).items():
         unjudged = [name for name in sources if name not in judged]
