@@ -29,6 +29,8 @@ import time
 import torch
 from torch import nn
 
+from .shadow import COMMAND_LINE_EVERY
+
 DEMO_STEPS = 400
 DEMO_BATCH = 1024
 DEMO_SEED = 0
@@ -115,7 +117,8 @@ def torch_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def run_demo(out="fpsim-report", *, steps: int = DEMO_STEPS, every: int = 1, shadow_every: int | None = None,
+def run_demo(out="fpsim-report", *, steps: int = DEMO_STEPS, every: int = 1,
+             shadow_every: int | None = COMMAND_LINE_EVERY,
              recipes_every: int | None = None, formats=None, seed: int = DEMO_SEED,
              threads: int | None = 1, on_step=None, save: bool = True):
     """Train SensorNet under fpsim.watch and write the report to `out`; (report, paths, facts).

@@ -71,6 +71,10 @@ from .evidence import threshold
 from .gradient_error import Reference, flat
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound, float_leaves
 
+COMMAND_LINE_EVERY = 10
+"""How often `fpsim analyze` and `fpsim demo` shadow a step unless told otherwise (--shadow-every 0: value counts
+only). fpsim.watch shadows only when asked (shadow_every=N): the replays run your modules again, and hooks you put
+on them run with them (docs/verdicts.md, Limits)."""
 NARROW_SCALES_LOG2 = (0, 8, 16)
 """Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
 AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from ..analyze.shadow import COMMAND_LINE_EVERY
 from ..formats import PRESETS
 from .common import add_output_options, nonnegative_int, positive_int, print_json
 
@@ -111,8 +112,8 @@ def cmd_demo(args) -> int:
     check_out(args.out)
     progress = _Progress("demo", args.steps, quiet=args.quiet)
     try:
-        report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every, shadow_every=args.shadow_every,
-                                        recipes_every=args.recipes_every,
+        report, paths, facts = run_demo(args.out, steps=args.steps, every=args.every,
+                                        shadow_every=args.shadow_every or None, recipes_every=args.recipes_every,
                                         formats=_analyzer_formats(args.formats), threads=args.threads,
                                         on_step=progress)
     finally:
@@ -160,7 +161,7 @@ def cmd_analyze(args) -> int:
             return _emulated(args, script_args)
     progress = _Progress("analyze", args.steps, quiet=args.quiet)
     run = ScriptRun(args.script, script_args, out=args.out, steps=args.steps, every=args.every,
-                    shadow_every=args.shadow_every, recipes_every=args.recipes_every,
+                    shadow_every=args.shadow_every or None, recipes_every=args.recipes_every,
                     formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
     try:
         report, paths = run.run()
@@ -238,9 +239,9 @@ def _add_analyzer_options(p, with_modules: bool = False) -> None:
     p.add_argument("--steps", type=positive_int, default=None, metavar="N",
                    help="stop after N optimizer steps (the demo: train N steps, default 400)")
     p.add_argument("--every", type=positive_int, default=1, metavar="N", help="observe every N-th step (default 1)")
-    p.add_argument("--shadow-every", type=positive_int, default=None, metavar="N",
+    p.add_argument("--shadow-every", type=nonnegative_int, default=COMMAND_LINE_EVERY, metavar="N",
                    help="replay every N-th step in each format and judge layers by the measured gradient error "
-                        "against their noise floor (default: value counts only)")
+                        f"against their noise floor (default {COMMAND_LINE_EVERY}; 0: by value counts only)")
     p.add_argument("--recipes-every", type=positive_int, default=None, metavar="N",
                    help="on every N-th observed step, measure what each FP8/FP6/FP4 scaling recipe loses per layer "
                         "and tensor kind (docs/recipes.md; default: not measured)")

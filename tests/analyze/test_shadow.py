@@ -746,6 +746,25 @@ def test_the_command_line_takes_shadow_every(tmp_path, capsys):
     assert "verdicts from shadow steps" in capsys.readouterr().out
 
 
+def test_the_command_line_and_the_demo_shadow_every_tenth_step_unless_told_otherwise(tmp_path, capsys):
+    from fpsim import cli
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    for options, every in (([], 10), (["--shadow-every", "0"], None)):
+        out = tmp_path / f"out{every}"
+        assert cli.main(["analyze", *options, "--formats", "fp16", "--out", str(out), "-q", str(script)]) == 0
+        shadow = json.loads((out / "report.json").read_text()).get("shadow")
+        assert (shadow or {}).get("every") == every
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--steps", "12", "--formats", "fp16", "--out", str(out), "-q"]) == 0
+    assert json.loads((out / "report.json").read_text())["shadow"]["steps"] == [0, 10]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["analyze", "--shadow-every", "-1", str(script)])
+    assert "--shadow-every" in capsys.readouterr().err
+
+
 def test_sparse_gradients_are_replayed_and_measured():
     # an Embedding(sparse=True) trained by SparseAdam: its sparse gradient is compared as its dense values
     import warnings
