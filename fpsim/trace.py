@@ -11,13 +11,15 @@ replacements (emulation rounds them):
     client.output_grad(site, grads)     (the gradients of a forward op's outputs; optional)
     client.tagged_grad(tag, grad)       (the gradient of an output tagged with `hook_output`)
     client.module_output(name, module, output)
+    client.backward_done()              (a backward pass of the run ended, before any update; optional)
 
 The client's own tensor operations must run inside `tracer.busy()`.
 
 A client without `backward_op` gets no backward ops: the mode steps aside
 while autograd's engine runs (torch.autograd's `_engine_run_backward` is
 wrapped while such a tracer is attached), so that a backward pass costs what
-it costs unobserved; gradient pre-hooks and parameter hooks still run.
+it costs unobserved; gradient pre-hooks and parameter hooks still run, and
+the client hears when each backward pass ends (`backward_done`).
 
 How the pieces are found:
 - the innermost module: a stack kept by global forward pre/post hooks (the
@@ -387,11 +389,21 @@ class Tracer:
         """A context in which the client's own tensor operations pass through without interception."""
         return _Busy(self._busy)
 
+    def backward_done(self) -> None:
+        """A backward pass of the run (not of the client's own work) ended: tell the client, if it listens."""
+        done = getattr(self.client, "backward_done", None)
+        if done is not None and not self.is_busy():
+            done()
+
     def is_busy(self) -> bool:
         """Whether the client's own work (a shadow replay, a count) is running on this thread."""
         return getattr(self._busy, "on", False)
 
     # -------------------------------------------------------------- modules
+    def outermost(self) -> bool:
+        """Whether no module is running (in `client.module_output`: the module that just ran was outermost)."""
+        return not self._stack
+
     def current_module(self) -> str:
         return self._stack[-1] if self._stack else OUTSIDE
 
@@ -546,7 +558,8 @@ def _steps_aside_in_backward(tracer, on: bool) -> None:
 
 
 def _run_backward_aside(*args, **kwargs):
-    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top)."""
+    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top), and
+    each enlisted tracer told when it ends (Tracer.backward_done)."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     popped = []
@@ -560,7 +573,10 @@ def _run_backward_aside(*args, **kwargs):
         tracer._aside = True
         popped.append((tracer, mode))
     try:
-        return _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
+        result = _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
+        for tracer in list(_BACKWARD_ASIDE):    # (before the modes are back: the clients' work is not the run's)
+            tracer.backward_done()
+        return result
     finally:
         for tracer, mode in reversed(popped):
             tracer._aside = False

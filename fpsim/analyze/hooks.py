@@ -169,6 +169,12 @@ class Watcher:
         self.steps_observed = 0
         self._sampled = True
         self._forward_since_step = False
+        self._backward_since_step = False
+        self._after_backward = None                      # _parameter_state() at the last backward's end
+        self._manual = None                              # the loop updates the parameters without torch.optim:
+                                                         #   None not known yet, True, False (an optimizer steps)
+        self._closure_step = False                       # inside optimizer.step(closure)
+        self._next_forward_hook = None                   # the one-shot forward pre-hook after a backward
         self._stepped_since_update = False
         self._active = False
         self._attached = False
@@ -300,6 +306,76 @@ class Watcher:
             if self._forward_hook is None and self._active:
                 self._forward_hook = nn_module.register_module_forward_pre_hook(self._on_first_forward)
 
+    def backward_done(self) -> None:
+        """A backward pass of the run ended, before anything updates the parameters (Tracer.backward_done).
+
+        Where no optimizer.step() comes before the update (a closure's backward inside step(), parameters
+        updated by hand), the shadow step is replayed here. Until an optimizer steps, the next forward after a
+        backward may mean that the loop updates by hand (_on_next_forward)."""
+        if not self._active:
+            return
+        try:
+            if self.shadow is not None and (self._manual or self._closure_step):
+                self.shadow.before_step(self._inverse_scale)
+            if self._manual and self._sampled and not self._backward_since_step:
+                with self._tracer.busy():             # the weights as the forward used them, before the update
+                    self._count_before_update(self._manual_groups())
+            if self._manual is not False:
+                self._backward_since_step = True
+                self._after_backward = self._parameter_state()
+                if self._next_forward_hook is None:
+                    import torch.nn.modules.module as nn_module
+
+                    self._next_forward_hook = nn_module.register_module_forward_pre_hook(self._on_next_forward)
+        except Exception as err:
+            self._fail(err)
+
+    def _parameter_state(self) -> list:
+        """What an update by hand changes: each parameter's version (in-place updates under no_grad) and its
+        gradient (set to None, replaced or zeroed). Gradient accumulation changes neither between backwards."""
+        return [(p._version, None if p.grad is None else (id(p.grad), p.grad._version))
+                for p in self._param_owner.keys()]
+
+    def _on_next_forward(self, module, args):
+        """The first module call after a backward with no optimizer step between: if the parameters or their
+        gradients changed since (not gradient accumulation), the loop updates by hand (PyTorch's
+        word_language_model, makemore): the step ends here, and steps end so on."""
+        self._drop_next_forward()
+        if not self._active or self._manual is False or not self._backward_since_step:
+            return
+        if self._parameter_state() == self._after_backward:    # micro-batches accumulating gradients
+            return
+        self._manual = True
+        hooked = self._awake
+        try:
+            self._end_manual_step()
+            if self._awake and not hooked:     # the tracer's pre-hook came too late for this call
+                self._tracer._on_pre(module, args)
+        except Exception as err:
+            self._fail(err)
+        if self.on_step is not None:
+            self.on_step(self.step)            # (may raise StopRun: --steps)
+
+    def _end_manual_step(self) -> None:
+        """End a step of a loop that updates by hand: its updates (if its weights were copied), then the step."""
+        if self._snapshots:
+            with self._tracer.busy():
+                self._count_optimizer_side(None, self._manual_groups())
+        self._end_step()
+
+    def _manual_groups(self) -> list:
+        """[(record name, [parameters])] of every recorded module's trainable parameters (no optimizer's list)."""
+        groups: dict = {}
+        for p, name in self._param_owner.items():
+            if p.requires_grad:
+                groups.setdefault(name, []).append(p)
+        return list(groups.items())
+
+    def _drop_next_forward(self) -> None:
+        if self._next_forward_hook is not None:
+            self._next_forward_hook.remove()
+            self._next_forward_hook = None
+
     def _on_first_forward(self, module, args):
         """An unobserved step's first module call: a forward pass ran (the step may end)."""
         self._forward_since_step = True
@@ -312,6 +388,12 @@ class Watcher:
 
     def close(self) -> None:
         """Detach every hook and the op interception (idempotent); the counts stay for report()."""
+        if self._active and self._manual and self._backward_since_step:   # a loop updating by hand: its last step
+            try:
+                self._end_manual_step()
+            except Exception as err:
+                self._fail(err)
+        self._drop_next_forward()
         self._active = False
         self._wake(False)
         self._drop_forward_hook()
@@ -417,8 +499,11 @@ class Watcher:
             self._forward_since_step = True
             if self.names.new_names:
                 self._refresh()
-            if self.shadow is not None and self.shadow.wants_root and self.names.is_root(name):
-                self._attach_shadow(module)
+            if self.shadow is not None:
+                if self.shadow.wants_root and self.names.is_root(name):
+                    self._attach_shadow(module)
+                elif self.shadow.may_retarget and self._tracer.outermost():
+                    self.shadow.retarget(module)
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
@@ -503,31 +588,37 @@ class Watcher:
     def _on_step_pre(self, optimizer, args, kwargs):
         if not self._active:
             return
+        self._manual = False
+        self._drop_next_forward()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)   # args: (optimizer, ...)
-        if closure is None:                  # the step's own arithmetic is not the model's: no interception
-            self._tracer.intercept(False)    # (nor the shadow replay's, which would pay for it op by op)
+        self._closure_step = closure is not None   # its forward and backward run inside step(): replayed at the
+        if closure is None:                  # backward's end. The step's own arithmetic is not the model's: no
+            self._tracer.intercept(False)    # interception (nor the shadow replay's, which would pay op by op)
         if self.shadow is not None:          # before the step: the parameters are still those of the forward
             self.shadow.before_step(self._inverse_scale)
         try:
             with self._tracer.busy():
                 groups = self._params_of(optimizer)
-                if not groups or not self._sampled:
-                    return
-                if self._recipe_step():          # the weights as the forward used them, parameter by parameter
-                    for name, params in groups:
-                        for p in params:
-                            self._probe_recipes(name, "weight", p)
-                if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
-                    self._count_weights_on_host(groups)
-                    return
-                for name, params in groups:
-                    weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
-                    if "weight" in self.kinds:
-                        self._count(name, "weight", weights)
-                    if "update" in self.kinds:
-                        self._snapshots[name] = (params, weights, 0)
+                if groups and self._sampled:
+                    self._count_before_update(groups)
         except Exception as err:
             self._fail(err)
+
+    def _count_before_update(self, groups) -> None:
+        """The weights as the forward used them, and their copy that the updates are measured against."""
+        if self._recipe_step():          # parameter by parameter
+            for name, params in groups:
+                for p in params:
+                    self._probe_recipes(name, "weight", p)
+        if self._counter.kernel and all(_plain_f32(p) for _, params in groups for p in params):
+            self._count_weights_on_host(groups)
+            return
+        for name, params in groups:
+            weights = _flat(params, copy="update" in self.kinds)  # the copy is the update's "before"
+            if "weight" in self.kinds:
+                self._count(name, "weight", weights)
+            if "update" in self.kinds:
+                self._snapshots[name] = (params, weights, 0)
 
     def _count_weights_on_host(self, groups) -> None:
         """One copy of every parameter (the updates' "before"), counted module by module by the kernel in one
@@ -553,6 +644,7 @@ class Watcher:
 
     def _on_step_post(self, optimizer, args, kwargs):
         self._stepped_since_update = True
+        self._closure_step = False
         scaler = self._scaler() if self._scaler is not None else None   # (the step's end forgets it)
         if self._active:
             self._tracer.intercept(self.ops and self._awake)
@@ -584,15 +676,16 @@ class Watcher:
                 raise
 
     def _count_optimizer_side(self, optimizer, groups) -> None:
-        """Gradients as the optimizer used them (read after the step: closures have run) and the updates."""
+        """Gradients as the optimizer used them (read after the step: closures have run) and the updates
+        (optimizer None: an update by hand, whose gradients may be gone by now: the updates only)."""
         import torch
 
         scaler = self._scaler() if self._scaler is not None else None
-        scaled = scaler is not None and not optimizer_grads_unscaled(scaler, optimizer)
+        scaled = scaler is not None and optimizer is not None and not optimizer_grads_unscaled(scaler, optimizer)
         grad_items, grad_samples, update_items = [], [], []   # what the kernel counts in one call each
         befores = []                                          # the copies update_items point into, kept alive
         for name, params in groups:
-            if "optimizer_grad" in self.kinds:
+            if "optimizer_grad" in self.kinds and optimizer is not None:
                 grads = [p.grad for p in params if p.grad is not None]
                 if not scaled and self._counter.kernel and grads and all(_plain_f32(g) for g in grads):
                     parts = tuple((g.data_ptr(), g.numel()) for g in grads)
@@ -647,7 +740,7 @@ class Watcher:
         self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0
-        self._forward_since_step = False
+        self._forward_since_step = self._backward_since_step = False
         if self._active:
             self._wake(self._sampled)
 

@@ -267,12 +267,14 @@ class ShadowSteps:
         self.dropped_formats: dict = {}   # format name -> the error its replay raised (then taken out of the turns)
         self.record = ShadowRecord()
         self.core = None
+        self.may_retarget = False             # until the root's forward first runs (`retarget`)
         self.notes: list = []
         self.error = None
         self._capture = None
         self._handles: list = []
         self._busy = None
         self._step_of = None
+        self._name_of = None
         self._groups: list = []               # [(layer name, [parameter names])]
         self._module_names: dict = {}         # id(module) -> qualified name in core
         self._layer_names: dict = {}          # id(module) -> the watcher's record name
@@ -285,6 +287,7 @@ class ShadowSteps:
         self._unreached: set = set()          # parameters the last reference replay gave no gradient (a
                                               #   reentrant checkpoint recomputes with the module's own ones)
         self._replaying = False               # the replays' own forwards are not captured
+        self._replayed_step = None            # one replay per step (a closure may run the forward again)
 
     @property
     def numerics(self) -> str:
@@ -312,7 +315,26 @@ class ShadowSteps:
             self.notes.append(f"{name_of(model) or type(core).__name__} is compiled or TorchScript: no shadow steps "
                               f"(verdicts from value counts)")
             return
-        self.core, self._busy, self._step_of = core, busy, step_of
+        self._busy, self._step_of, self._name_of = busy, step_of, name_of
+        self._hook(core)
+        self.may_retarget = True
+
+    def retarget(self, module) -> None:
+        """The root's own forward has not run, and `module`, one of its modules with parameters, ran outermost (a
+        LightningModule whose training_step calls self.net(x)): capture and replay `module` instead, from the next
+        shadowed step. The root's parameters outside it get no shadow evidence."""
+        self.may_retarget = False
+        if id(module) not in self._module_names or module is self.core \
+                or not any(True for _ in module.parameters()):
+            return
+        for handle in self._handles:
+            handle.remove()
+        self.forget()
+        self._groups, self._module_names, self._layer_names = [], {}, {}
+        self._hook(module)
+
+    def _hook(self, core) -> None:
+        self.core = core
         seen = set()
         for qual, module in core.named_modules():
             self._module_names[id(module)] = qual
@@ -322,7 +344,7 @@ class ShadowSteps:
                     continue
                 seen.add(id(p))
                 names.append(f"{qual}.{pname}" if qual else pname)
-            self._layer_names[id(module)] = name_of(module) or qual or type(core).__name__
+            self._layer_names[id(module)] = self._name_of(module) or qual or type(core).__name__
             if names:
                 self._groups.append((self._layer_names[id(module)], names))
         self._handles = [core.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
@@ -334,8 +356,8 @@ class ShadowSteps:
         if self.error is not None:
             out.append(f"shadow steps stopped after an error: {self.error}")
         if not self.record.count and self.error is None and not self.notes:
-            out.append("no step was shadowed (no forward of the model with gradients before an optimizer step of "
-                       "it, as with closure-based optimizers): verdicts from value counts")
+            out.append("no step was shadowed (no forward of the model with gradients and a backward through its "
+                       "outputs on a shadowed step): verdicts from value counts")
         if self.skipped_formats:
             out.append(f"no shadow steps for {', '.join(self.skipped_formats)} (autocast runs fp16 and bf16; "
                        f"per-tensor scaling is for formats of 8 bits or fewer): value counts only")
@@ -375,7 +397,9 @@ class ShadowSteps:
     def _on_forward_pre(self, module, args, kwargs):
         import torch
 
-        if self._capture is not None or self._replaying or self._step_of() % self.every \
+        self.may_retarget = False
+        step = self._step_of()
+        if self._capture is not None or self._replaying or step % self.every or step == self._replayed_step \
                 or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         try:
@@ -386,7 +410,7 @@ class ShadowSteps:
                     return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
 
                 args, kwargs = tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs))
-                self._capture = _Capture(self._step_of(), args, kwargs,
+                self._capture = _Capture(step, args, kwargs,
                                          {n: b.detach().clone() for n, b in module.named_buffers()},
                                          _RunState(self.core, (args, kwargs)))
         except Exception as err:
@@ -445,6 +469,7 @@ class ShadowSteps:
         if capture is None or not any(g is not None for g in capture.grads):
             return
         self.forget()
+        self._replayed_step = capture.step
         try:
             with self._busy():
                 if inverse_scale is not None:   # a GradScaler'd backward: judge the gradients unscaled

@@ -70,6 +70,23 @@ def lightning_fit(model, precision: str):
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
 
 
+def test_lightning_automatic_optimisation_is_shadowed_and_trains_unchanged():
+    # the forward and backward run inside optimizer.step(closure): the step is replayed at its backward's end;
+    # training_step calls self.net(x), not the LightningModule's forward: the shadow follows net from step 1 on
+    torch.manual_seed(0)
+    plain = LitRegressor()
+    lightning_fit(plain, "32-true")
+    torch.manual_seed(0)
+    model = LitRegressor()
+    with fpsim.watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+        lightning_fit(model, "32-true")
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    report = w.report()
+    assert report.shadow_summary()["steps"] == [1, 2, 3, 4]
+    assert report.shadow_evidence["net.0"]["fp16"]["steps"] >= 1
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_trainer_with_automatic_optimisation(precision):
     torch.manual_seed(0)

@@ -856,3 +856,58 @@ def test_a_verdict_whose_mean_is_within_two_standard_errors_of_its_threshold_say
         verdicts, _, evidence = judge(layers, FormatLimits.of("bf16"), shadow(mean, se), counted, None)
         assert verdicts["a"].verdict == verdict and evidence["a"]["unsettled"] is unsettled
         assert ("unsettled" in verdicts["a"].reason) is unsettled
+
+
+# ------------------------------------------------------- loops without optimizer.step() before the update
+def _manual_sgd(watched: bool, steps: int = 12):
+    """A loop that updates the parameters by hand (PyTorch's word_language_model, makemore): zero_grad,
+    forward, backward, p -= lr * p.grad."""
+    model, loss_fn, batches = task("aux_head")
+    w = watch(model, formats=("fp16",), shadow_every=3).attach() if watched else None
+    losses = []
+    for x, y in batches(steps):
+        model.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+        losses.append(loss.item())
+    if w is not None:
+        w.close()
+    return model, losses, w
+
+
+def test_a_loop_that_updates_by_hand_gets_its_steps_and_shadow_steps_and_trains_unchanged():
+    plain, plain_losses, _ = _manual_sgd(False)
+    model, losses, w = _manual_sgd(True)
+    assert losses == plain_losses
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    report = w.report()
+    assert w.step == 12 and report.run["steps"] == 12                  # the last step too, ended at close
+    assert report.layer("trunk").tensors["weight_grad"].samples == 2 * 12   # weight and bias, every step
+    assert report.shadow_summary()["steps"] == [3, 6, 9]              # step 0 shows the loop's kind; then every 3rd
+    assert report.verdict("aux", "fp16") == "loss_scale"               # as with an optimizer (test above)
+
+
+def test_a_closure_is_replayed_once_per_step_at_its_first_backward():
+    def run(watched):
+        model, loss_fn, batches = task("aux_head")
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+        w = watch(model, formats=("fp16",), shadow_every=2).attach() if watched else None
+        for x, y in batches(6):
+            def closure():
+                optimizer.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+        if w is not None:
+            w.close()
+        return model, w
+
+    (plain, _), (model, w) = run(False), run(True)
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert w.shadow.record.steps == [0, 2, 4]      # three closure calls per step, one replay each shadowed step

@@ -143,10 +143,11 @@ def test_a_failing_hook_warns_once_detaches_and_training_goes_on(data):
     assert w.report().run["observation_error"].startswith("NotImplementedError")
 
 
-def test_gradient_accumulation_counts_optimizer_steps(data):
+@pytest.mark.parametrize("told", [True, False], ids=["optimizer_passed", "optimizer_found"])
+def test_gradient_accumulation_counts_optimizer_steps(data, told):
     model = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with watch(model, optimizer=opt) as w:
+    with watch(model, optimizer=opt if told else None) as w:
         for step in range(3):
             for micro in range(4):
                 i = torch.arange(micro * 16, micro * 16 + 16)
@@ -159,6 +160,47 @@ def test_gradient_accumulation_counts_optimizer_steps(data):
     report = w.report()
     assert report.layer("head").tensors["activation"].samples == 12
     assert report.layer("head").tensors["update"].samples == 3
+
+
+def test_gradient_accumulation_updated_by_hand_counts_updates(data):
+    # micro-batches accumulate into .grad; p.data.add_ (no version bump) and zero_grad end a step at the next forward
+    model = small_model()
+    with watch(model) as w:
+        for step in range(3):
+            for micro in range(4):
+                i = torch.arange(micro * 16, micro * 16 + 16)
+                nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]),
+                                            data["label"][i]).backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+            model.zero_grad()
+    assert w.step == 3
+    assert w.report().layer("head").tensors["activation"].samples == 12
+
+
+def test_weights_and_updates_by_hand_are_counted_from_the_second_step(data):
+    # step 0 ends at the next forward (only then is the update by hand known): weights and updates from step 1 on
+    model = small_model()
+    layer = model.body[0]
+    weights, updates = [], []
+    with watch(model, formats=("bf16",), kinds=("weight", "update")) as w:
+        for step in range(4):
+            i = torch.arange(step * 64, step * 64 + 64)
+            model.zero_grad()
+            nn.functional.cross_entropy(model(data["readings"][i], data["pressure"][i]), data["label"][i]).backward()
+            before = torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach().reshape(-1)]).clone()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-1e-3)
+            if step:
+                weights.append(before.numpy().astype(np.float64))
+                updates.append(torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach().reshape(-1)])
+                               .numpy().astype(np.float64) - weights[-1])
+    stats = w.report().layer("body.0").tensors
+    assert stats["weight"].samples == stats["update"].samples == 3
+    weights, updates = np.concatenate(weights), np.concatenate(updates)
+    _, e = np.frexp(np.abs(weights))
+    ulp = np.ldexp(1.0, np.maximum(np.where(weights == 0, -126, e - 1), -126) - 7)   # bf16: emin -126, 7 bits
+    assert stats["update"].lost_updates["bf16"] == int(((updates != 0) & (np.abs(updates) < ulp / 2)).sum()) > 0
 
 
 def test_manual_steps_without_an_optimizer(data):
