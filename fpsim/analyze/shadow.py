@@ -288,6 +288,7 @@ class ShadowSteps:
                                               #   reentrant checkpoint recomputes with the module's own ones)
         self._replaying = False               # the replays' own forwards are not captured
         self._replayed_step = None            # one replay per step (a closure may run the forward again)
+        self.halving_error = None             # why a replay of half the batch failed (then no more halves)
 
     @property
     def numerics(self) -> str:
@@ -364,7 +365,11 @@ class ShadowSteps:
         for name, error in self.dropped_formats.items():
             out.append(f"shadow steps for {name} stopped after its replay failed ({error}): its later verdicts from "
                        f"the steps before, or value counts")
-        if self.record.unsplit_steps:
+        if self.halving_error is not None:
+            out.append(f"the replay of half a batch failed ({self.halving_error}; the model keeps state shaped by the "
+                       f"full batch?): no noise floor from {self.record.unsplit_steps} shadowed steps, the formats "
+                       f"were replayed on the whole batch")
+        elif self.record.unsplit_steps:
             out.append(f"{self.record.unsplit_steps} shadowed steps had a batch that cannot be halved (one sample, "
                        f"or outputs not batched along dim 0): no noise floor from them")
         return out
@@ -507,7 +512,13 @@ class ShadowSteps:
         task = tasks[self._turn % len(tasks)]
         self._turn += 1
         if task is None:
-            if self._noise_floor(capture, params, device) or len(tasks) == 1:
+            try:
+                split = self._noise_floor(capture, params, device)
+            except Exception as err:   # state kept for the full batch (a tensor of last step's batch size)
+                self.halving_error = f"{type(err).__name__}: {err}"
+                self.record.unsplit_steps += 1
+                split = False
+            if split or len(tasks) == 1:
                 return
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
@@ -629,8 +640,8 @@ class ShadowSteps:
 
     def _noise_floor(self, capture, params, device) -> bool:
         """Sum each layer's ||gA - gB|| / ||gA + gB|| of this step's halves into the record; False when the
-        batch cannot be halved."""
-        halves = _halves(capture)
+        batch cannot be halved (or a replay of a half failed before: not tried again)."""
+        halves = None if self.halving_error is not None else _halves(capture)
         if halves is None:
             self.record.unsplit_steps += 1
             return False

@@ -203,6 +203,35 @@ def test_shadow_steps_leave_user_rng_streams_and_module_attributes_as_the_run_le
     assert torch.equal(draws0[0], draws1[0]) and draws0[1:3] == draws1[1:3] and torch.equal(draws0[3], draws1[3])
 
 
+def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
+    # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The formats are
+    # still replayed on the whole batch, with no warning; the report says why there is no noise floor
+    import random
+    import warnings
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = Stateful()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(7):
+                loss = model(torch.randn(16, 8, generator=g)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    report = w.report()
+    assert report.shadow_summary()["steps"] == list(range(7))
+    assert w.shadow.error is None and w.shadow.record.unsplit_steps >= 2
+    assert report.shadow_evidence["lin"]["fp16"]["steps"] >= 2 and report.shadow_evidence["lin"]["bf16"]["steps"] >= 2
+    assert any("half a batch failed" in note and "must match the size" in note for note in report.run["notes"])
+
+
 class Checkpointed(nn.Module):
     def __init__(self):
         super().__init__()
