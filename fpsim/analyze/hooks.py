@@ -147,6 +147,7 @@ class Watcher:
         self._types: dict = {}                          # record name -> module class name, or "op"
         self._hidden: set = set()                       # module records outside the selection (ops compare)
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
+        self._unplain_owner = WeakIdKeyDictionary()     # parameter that is a tensor subclass -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
         self._tie_owner: dict = {}                      # record name -> the record its tied parameters count under
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
@@ -242,6 +243,7 @@ class Watcher:
             for p in own:
                 if type(p) not in (torch.Tensor, torch.nn.Parameter):   # DTensor (FSDP2 fully_shard) and others
                     self.unplain_params.add(name)
+                    self._unplain_owner[p] = name
                     continue
                 owner = self._param_owner.get(p)
                 if owner is not None:
@@ -657,7 +659,7 @@ class Watcher:
         try:
             with self._tracer.busy():
                 groups = self._params_of(optimizer)
-                if not groups:
+                if not groups and not self._steps_unplain(optimizer):
                     return
                 if self._sampled:
                     self._count_optimizer_side(optimizer, groups)
@@ -889,6 +891,12 @@ class Watcher:
             self._optimizer_params[optimizer] = cached
         return cached[2]
 
+    def _steps_unplain(self, optimizer) -> bool:
+        """Whether the optimizer steps parameters of the model that are tensor subclasses (DTensor: FSDP's
+        fully_shard): not counted, but its steps are the run's steps."""
+        return bool(self._unplain_owner) and any(p in self._unplain_owner for g in optimizer.param_groups
+                                                 for p in g["params"])
+
     # ---------------------------------------------------------------- report
     def precision(self) -> dict:
         """What the run computed in: autocast dtypes, ops per dtype, and what every real GradScaler did."""
@@ -925,7 +933,7 @@ class Watcher:
             names = sorted(self.unplain_params)
             notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "
                          f"are tensor subclasses (DTensor: FSDP's fully_shard): their weights, weight gradients and "
-                         f"updates are not observed, nor optimizer steps over them alone")
+                         f"updates are not observed")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
         if self.shadow is not None:

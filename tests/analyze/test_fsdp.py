@@ -65,4 +65,5 @@ def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see():
     report = w.report()
     assert {"0", "2"} <= {layer.name for layer in report.layers}
     assert "activation" in report.layer("0").tensors
+    assert w.step == 3 and report.layer("0").tensors["activation"].samples == 3   # the optimizer's steps, counted
     assert any("DTensor" in note for note in w.notes())
