@@ -303,11 +303,13 @@ class Log2Histogram:
     def nonfinite(self) -> int:
         return self.pos_inf + self.neg_inf + self.nan
 
-    def top_exponent(self) -> int | None:
-        """Binade of the largest finite nonzero value (E_HI + 1 for `huge`), None when there is none."""
-        if self.huge:
+    def top_exponent(self, below: int | None = None) -> int | None:
+        """Binade of the largest finite nonzero value (E_HI + 1 for `huge`), None when there is none; with
+        `below`, of the largest below binade `below` (`huge` and the binades from `below` up left out)."""
+        if self.huge and below is None:
             return E_HI + 1
-        nonempty = np.flatnonzero(self.counts)
+        counts = self.counts if below is None else self.counts[:max(0, min(below - E_LO, N_BINS))]
+        nonempty = np.flatnonzero(counts)
         if nonempty.size:
             return int(nonempty[-1]) + E_LO
         return TINY_LOG2_RANGE[0] if self.tiny else None

@@ -47,6 +47,14 @@ INTENDED_INF_OPS = ("masked_fill", "masked_fill_", "fill", "fill_", "where", "in
                     "masked_scatter", "clamp", "max", "min", "amax", "amin")
 """Ops whose Inf outputs are put there on purpose (-inf attention masks) or passed through: no overflow, no alarm."""
 
+MASK_VALUES = (3.4028234663852886e38, 3.3895313892515355e38)
+"""torch.finfo(float32).max and torch.finfo(bfloat16).max: a tensor whose largest magnitude is one of these holds
+masks (transformers fills attention scores with torch.finfo(dtype).min; an add passes it on), stand-ins for
+-inf that a softmax turns into 0. They become ±Inf in a narrower format, as -inf masks are, and, like them, are
+no overflow: the other values are judged. (A genuine value in float32's top binade, 2^127 and above, is left
+out with them.)"""
+MASK_BINADE = 127
+
 _KIND_WORDS = {"activation": "activations", "activation_grad": "activation gradients", "weight": "weights",
                "weight_grad": "weight gradients", "optimizer_grad": "gradients as the optimizer used them",
                "update": "updates"}
@@ -113,8 +121,10 @@ class TensorStats:
         return self.hist.subnormal(lim, scale) / self.nonzero if self.nonzero else 0.0
 
     def overflows(self, lim, scale: int = 0) -> bool:
-        """Whether any value overflows at scale 2^scale: exact from the amax when it is finite."""
-        if math.isfinite(self.amax):
+        """Whether any value overflows at scale 2^scale: exact from the amax when it is finite (and no mask
+        value: MASK_VALUES)."""
+        masks = self.amax in MASK_VALUES
+        if math.isfinite(self.amax) and not masks:
             try:
                 return self.amax > 0 and lim.overflows(math.ldexp(self.amax, scale))
             except OverflowError:     # beyond float64: beyond every format
@@ -122,8 +132,8 @@ class TensorStats:
         if (self.hist.pos_inf or self.hist.neg_inf) and self.inf_overflow_threshold is not None \
                 and scale >= 0 and lim.overflow_threshold <= self.inf_overflow_threshold:
             return True
-        top = self.hist.top_exponent()  # Inf/NaN in the data: judge the finite values, conservatively
-        return top is not None and top + scale >= lim.emax
+        top = self.hist.top_exponent(MASK_BINADE if masks else None)  # Inf/NaN or masks in the data: judge the
+        return top is not None and top + scale >= lim.emax                 # other finite values, conservatively
 
     def overflows_at(self, lim, scales) -> np.ndarray:
         """`overflows` at each of the log2 `scales` at once. Overflow only grows with the scale (every branch

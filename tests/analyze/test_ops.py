@@ -8,6 +8,8 @@ model for the AMP run's verdicts.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -126,6 +128,57 @@ def test_a_fused_kernels_float32_statistics_are_not_judged_as_fp16_activations()
     site = "enc.self_attn:_scaled_dot_product_flash_attention_for_cpu"
     assert report.verdict(site, "fp16") != "fp32"
     assert report.layer(site).tensors["activation"].amax < 65504
+
+
+class MaskedAttention(nn.Module):
+    """Causal attention masked as transformers masks it: scores filled with torch.finfo(their dtype).min."""
+
+    def __init__(self, gain: float):
+        super().__init__()
+        self.q, self.k, self.v, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.gain = gain
+
+    def forward(self, x):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) * self.gain
+        future = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        return self.head((scores.softmax(-1) @ self.v(x)).mean(1))
+
+
+def masked_attention_run(gain: float, amp: bool):
+    """(losses, report or None) of 4 SGD steps; watched in FP32, or trained for real under CPU FP16 autocast."""
+    torch.manual_seed(0)
+    model = MaskedAttention(gain)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with fpsim.watch(model, formats=("fp16",)) if not amp else contextlib.nullcontext() as w:
+        for _ in range(4):
+            x, y = torch.randn(16, 6, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+            with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, None if amp else w.report()
+
+
+def test_a_mask_of_float32s_min_is_no_fp16_overflow_and_a_real_one_still_is():
+    # real FP16 autocast: with gain 1 the masked scores train finite (and as FP32 does); with gain 3e4 the
+    # scores overflow and the loss is NaN. The FP32 run's masks hold -3.4e38 (finfo(float32).min), which is
+    # no overflow; the scores beyond 65504 are
+    fp16_losses, _ = masked_attention_run(1.0, amp=True)
+    fp32_losses, report = masked_attention_run(1.0, amp=False)
+    assert all(np.isfinite(fp16_losses)) and np.allclose(fp16_losses, fp32_losses, rtol=1e-2)
+    assert report.layer("MaskedAttention:masked_fill").tensors["activation"].amax == float(torch.finfo().max)
+    assert report.verdict("MaskedAttention:masked_fill", "fp16") == "ok"
+    assert not report.findings
+    fp16_losses, _ = masked_attention_run(3e4, amp=True)
+    _, report = masked_attention_run(3e4, amp=False)
+    assert not all(np.isfinite(fp16_losses))
+    assert report.verdict("MaskedAttention:masked_fill", "fp16") == "fp32"
+    assert "MaskedAttention:masked_fill" in [op.name for op in report.findings]
 
 
 def test_op_outputs_are_counted_exactly_forward_and_backward():
