@@ -18,7 +18,7 @@ lightning = pytest.importorskip("lightning")
 from framework_helpers import Tokens, tiny_gpt2  # noqa: E402
 
 
-def hf_train(model, folder, watched: bool):
+def hf_train(model, folder, watched: bool, shadow_every=None):
     args = transformers.TrainingArguments(output_dir=str(folder), max_steps=4, per_device_train_batch_size=4,
                                           learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no",
                                           use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True)
@@ -26,7 +26,7 @@ def hf_train(model, folder, watched: bool):
     if not watched:
         trainer.train()
         return None
-    with fpsim.watch(model, formats=("fp16", "bf16")) as w:
+    with fpsim.watch(model, formats=("fp16", "bf16"), shadow_every=shadow_every) as w:
         trainer.train()
     return w.report()
 
@@ -85,6 +85,23 @@ def test_lightning_automatic_optimisation_is_shadowed_and_trains_unchanged():
     report = w.report()
     assert report.shadow_summary()["steps"] == [1, 2, 3, 4]
     assert report.shadow_evidence["net.0"]["fp16"]["steps"] >= 1
+
+
+def test_transformers_trainer_is_shadowed_through_the_loss_its_model_computes(tmp_path):
+    # GPT2LMHeadModel computes its loss inside forward (labels in the kwargs): the replays take it from there
+    import warnings
+
+    plain = tiny_gpt2()
+    hf_train(plain, tmp_path / "a", watched=False)
+    model = tiny_gpt2()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="fpsim")
+        report = hf_train(model, tmp_path / "b", watched=True, shadow_every=1)
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert report.shadow_summary()["steps"] == [0, 1, 2, 3]      # turns: the noise floor, fp16, bf16, the floor
+    evidence = report.shadow_evidence["transformer.h.0.attn.c_attn"]
+    assert evidence["fp16"]["steps"] == evidence["bf16"]["steps"] == 1 and 0 < evidence["fp16"]["grad_rel_error"] < evidence["bf16"]["grad_rel_error"]
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
