@@ -21,6 +21,9 @@ Steps that are not observed (every=N) cost nothing measurable: between
 observed steps the dispatch mode, the module hooks and the parameter hooks
 are all removed; one global forward pre-hook, removed when it first fires,
 tells that a forward pass ran, and the optimizer hooks count the steps.
+A loop that updates the parameters by hand has no optimizer hook: after each
+backward, a one-shot forward pre-hook ends the step at the next forward if
+the parameters or their gradients changed since (`_on_next_forward`).
 """
 
 from __future__ import annotations
@@ -721,7 +724,7 @@ class Watcher:
             self._store.count_updates(tuple(update_items), self._lost_table(np.int32), self.step)
 
     def advance(self) -> None:
-        """End the current step by hand (for loops without a torch.optim optimizer)."""
+        """End the current step by hand (a loop whose update the watcher cannot see: docs/analyzer.md, Limits)."""
         self._end_step()
 
     def _end_step(self) -> None:
