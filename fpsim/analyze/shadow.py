@@ -404,7 +404,12 @@ class ShadowSteps:
 
         self.may_retarget = False
         step = self._step_of()
-        if self._capture is not None or self._replaying or step % self.every or step == self._replayed_step \
+        capture = self._capture
+        if capture is not None and capture.handles and not any(g is not None for g in capture.grads) \
+                and not self._replaying and torch.is_grad_enabled():
+            self.forget()   # no gradient reached the last forward before this one (an evaluation forward with
+            capture = None  # gradients on, outputs of several forwards joined in one loss): capture this one
+        if capture is not None or self._replaying or step % self.every or step == self._replayed_step \
                 or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         try:

@@ -203,6 +203,27 @@ def test_shadow_steps_leave_user_rng_streams_and_module_attributes_as_the_run_le
     assert torch.equal(draws0[0], draws1[0]) and draws0[1:3] == draws1[1:3] and torch.equal(draws0[3], draws1[3])
 
 
+def test_an_evaluation_forward_with_gradients_on_gives_way_to_the_training_forward():
+    # each step first runs the model on held-out data with gradients on (no backward), then trains: the
+    # training forward, the one a gradient reaches, is replayed
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16",), shadow_every=1) as w:
+        for _ in range(4):
+            model.eval()
+            model(torch.randn(4, 8, generator=g)).mean()
+            model.train()
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    assert report.shadow_summary()["steps"] == [0, 1, 2, 3]
+    assert report.shadow_evidence["0"]["fp16"]["steps"] == 2
+
+
 def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
     # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The formats are
     # still replayed on the whole batch, with no warning; the report says why there is no noise floor
