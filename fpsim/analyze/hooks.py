@@ -507,8 +507,8 @@ class Watcher:
             if self.shadow is not None:
                 if self.shadow.wants_root and self.names.is_root(name):
                     self._attach_shadow(module)
-                elif self.shadow.may_retarget and self._tracer.outermost():
-                    self.shadow.retarget(module)
+                elif self.shadow.may_retarget and self._tracer.outermost() and torch.is_grad_enabled():
+                    self.shadow.ran_outermost(module)
             record = self._recorded.get(module)
             if record is None or not self._sampled or not torch.is_grad_enabled():
                 return
@@ -741,7 +741,7 @@ class Watcher:
         self._counted = {}
         self._tracer.forget_graph()
         if self.shadow is not None:
-            self.shadow.forget()
+            self.shadow.step_ended()
         self._scaler = self._inverse_scale = None
         self.step += 1
         self._sampled = self.step % self.every == 0

@@ -246,7 +246,7 @@ class _Capture:
 
 class ShadowSteps:
     """Capture and replay for one watched run. `attach(core, ...)` hooks the root model; the watcher calls
-    `before_step(inverse_scale)` from its optimizer pre-step hook and `forget()` at the end of each step."""
+    `before_step(inverse_scale)` from its optimizer pre-step hook and `step_ended()` at the end of each step."""
 
     def __init__(self, limits, every: int, scales=None, numerics: str = "emulated"):
         self.numerics = numerics
@@ -268,6 +268,7 @@ class ShadowSteps:
         self.record = ShadowRecord()
         self.core = None
         self.may_retarget = False             # until the root's forward first runs (`retarget`)
+        self._outermost = None                # the first module that ran outermost while it may (`retarget`)
         self.notes: list = []
         self.error = None
         self._capture = None
@@ -320,14 +321,25 @@ class ShadowSteps:
         self._hook(core)
         self.may_retarget = True
 
+    def ran_outermost(self, module) -> None:
+        """`module` ran outermost with gradients on while the root's own forward has not run yet this run: the
+        first such module of the step with parameters of the root is the candidate for `retarget`."""
+        if self._outermost is None and id(module) in self._module_names and module is not self.core \
+                and any(True for _ in module.parameters()):
+            self._outermost = module
+
+    def step_ended(self) -> None:
+        """The run's step ended: drop a capture not replayed; where a step went by without the root's own
+        forward, retarget."""
+        self.forget()
+        if self.may_retarget and self._outermost is not None:
+            self.retarget(self._outermost)
+
     def retarget(self, module) -> None:
-        """The root's own forward has not run, and `module`, one of its modules with parameters, ran outermost (a
-        LightningModule whose training_step calls self.net(x)): capture and replay `module` instead, from the next
-        shadowed step. The root's parameters outside it get no shadow evidence."""
-        self.may_retarget = False
-        if id(module) not in self._module_names or module is self.core \
-                or not any(True for _ in module.parameters()):
-            return
+        """A whole step ran without the root's own forward, and `module`, one of its modules with parameters, ran
+        outermost (a LightningModule whose training_step calls self.net(x)): capture and replay `module`
+        instead, from the next shadowed step. The root's parameters outside it get no shadow evidence."""
+        self.may_retarget, self._outermost = False, None
         for handle in self._handles:
             handle.remove()
         self.forget()
@@ -402,7 +414,7 @@ class ShadowSteps:
     def _on_forward_pre(self, module, args, kwargs):
         import torch
 
-        self.may_retarget = False
+        self.may_retarget, self._outermost = False, None
         step = self._step_of()
         capture = self._capture
         if capture is not None and capture.handles and not any(g is not None for g in capture.grads) \

@@ -224,6 +224,25 @@ def test_an_evaluation_forward_with_gradients_on_gives_way_to_the_training_forwa
     assert report.shadow_evidence["0"]["fp16"]["steps"] == 2
 
 
+def test_a_submodule_run_alone_before_the_model_does_not_take_the_shadow_from_it():
+    # the script runs the body alone (with gradients on) before training the whole model: the shadow stays on
+    # the model, whose own forward runs in the same step, and its head gets evidence too
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16",), shadow_every=1) as w:
+        model[0](torch.randn(4, 8, generator=g))
+        for _ in range(4):
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    assert w.shadow.core is model and report.shadow_summary()["steps"] == [0, 1, 2, 3]
+    assert report.shadow_evidence["1"]["fp16"]["steps"] == 2
+
+
 def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
     # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The formats are
     # still replayed on the whole batch, with no warning; the report says why there is no noise floor
