@@ -171,7 +171,8 @@ class Stateful(nn.Module):
         return self.head(h if keep else h * 0)
 
 
-def _train_stateful(shadow: bool):
+def _seeded_stateful():
+    """(Stateful model, its Adam, a batch generator), every RNG stream its forward draws from seeded."""
     import random
 
     import numpy as np
@@ -180,8 +181,15 @@ def _train_stateful(shadow: bool):
     random.seed(0)
     np.random.seed(0)
     model = Stateful()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2), torch.Generator().manual_seed(1)
+
+
+def _train_stateful(shadow: bool):
+    import random
+
+    import numpy as np
+
+    model, optimizer, g = _seeded_stateful()
     losses = []
     with watch(model, formats=("fp16", "bf16", "e4m3"), shadow_every=1) if shadow else contextlib.nullcontext():
         for _ in range(6):
@@ -203,6 +211,21 @@ def test_shadow_steps_leave_user_rng_streams_and_module_attributes_as_the_run_le
     assert torch.equal(draws0[0], draws1[0]) and draws0[1:3] == draws1[1:3] and torch.equal(draws0[3], draws1[3])
 
 
+def square_loss_steps(model, optimizer, g, steps: int, rows: int, before_each=None):
+    """`steps` steps of mean squared output on random batches of `rows` (before_each(): run first in each)."""
+    for _ in range(steps):
+        if before_each is not None:
+            before_each()
+        loss = model(torch.randn(rows, model_inputs(model), generator=g)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def model_inputs(model) -> int:
+    return next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
+
+
 def test_an_evaluation_forward_with_gradients_on_gives_way_to_the_training_forward():
     # each step first runs the model on held-out data with gradients on (no backward), then trains: the
     # training forward, the one a gradient reaches, is replayed
@@ -210,15 +233,13 @@ def test_an_evaluation_forward_with_gradients_on_gives_way_to_the_training_forwa
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
+    def evaluate():
+        model.eval()
+        model(torch.randn(4, 8, generator=g)).mean()
+        model.train()
+
     with watch(model, formats=("fp16",), shadow_every=1) as w:
-        for _ in range(4):
-            model.eval()
-            model(torch.randn(4, 8, generator=g)).mean()
-            model.train()
-            loss = model(torch.randn(16, 8, generator=g)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        square_loss_steps(model, optimizer, g, 4, 16, before_each=evaluate)
     report = w.report()
     assert report.shadow_summary()["steps"] == [0, 1, 2, 3]
     assert report.shadow_evidence["0"]["fp16"]["steps"] == 2
@@ -233,38 +254,22 @@ def test_a_submodule_run_alone_before_the_model_does_not_take_the_shadow_from_it
     g = torch.Generator().manual_seed(1)
     with watch(model, formats=("fp16",), shadow_every=1) as w:
         model[0](torch.randn(4, 8, generator=g))
-        for _ in range(4):
-            loss = model(torch.randn(16, 8, generator=g)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        square_loss_steps(model, optimizer, g, 4, 16)
     report = w.report()
     assert w.shadow.core is model and report.shadow_summary()["steps"] == [0, 1, 2, 3]
     assert report.shadow_evidence["1"]["fp16"]["steps"] == 2
 
 
 def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
-    # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The formats are
-    # still replayed on the whole batch, with no warning; the report says why there is no noise floor
-    import random
+    # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The
+    # formats are still replayed on the whole batch, with no warning; the report says why there is no noise floor
     import warnings
 
-    import numpy as np
-
-    torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
-    model = Stateful()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
+    model, optimizer, g = _seeded_stateful()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
-            for _ in range(7):
-                loss = model(torch.randn(16, 8, generator=g)).square().mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+            square_loss_steps(model, optimizer, g, 7, 16)
     report = w.report()
     assert report.shadow_summary()["steps"] == list(range(7))
     assert w.shadow.error is None and w.shadow.record.unsplit_steps >= 2
