@@ -290,6 +290,7 @@ class ShadowSteps:
         self._replaying = False               # the replays' own forwards are not captured
         self._replayed_step = None            # one replay per step (a closure may run the forward again)
         self.halving_error = None             # why a replay of half the batch failed (then no more halves)
+        self.upcast = False                   # the model's parameters were FP16/BF16: replayed in FP32
 
     @property
     def numerics(self) -> str:
@@ -377,6 +378,10 @@ class ShadowSteps:
         for name, error in self.dropped_formats.items():
             out.append(f"shadow steps for {name} stopped after its replay failed ({error}): its later verdicts from "
                        f"the steps before, or value counts")
+        if self.upcast:
+            out.append("the model's parameters are float16 or bfloat16: the shadow steps replay it with parameters, "
+                       "inputs and buffers in FP32 (the reference, and each format as a mixed-precision run of the "
+                       "same model computes it), not the run's own pure low-precision arithmetic")
         if self.halving_error is not None:
             out.append(f"the replay of half a batch failed ({self.halving_error}; the model keeps state shaped by the "
                        f"full batch?): no noise floor from {self.record.unsplit_steps} shadowed steps, the formats "
@@ -505,10 +510,14 @@ class ShadowSteps:
     def _replay(self, capture) -> None:
         import torch
 
-        params = {n: p.detach().requires_grad_(True) for n, p in self.core.named_parameters()
-                  if p.requires_grad}
+        named = list(self.core.named_parameters())
+        params = {n: _fp32(p).requires_grad_(True) for n, p in named if p.requires_grad}
         if not params:
             return
+        if any(str(p.dtype) in _LOW_PRECISION_DTYPES for _, p in named):
+            # FP16/BF16 parameters (pure low-precision training): the replays run the model in FP32, as for AMP
+            self.upcast = True
+            capture = _upcast(capture, {n: p.detach().float() for n, p in named if not p.requires_grad})
         device = next(iter(params.values())).device.type
         real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True
@@ -758,6 +767,31 @@ class _RunState:
 
 
 _ABSENT = object()
+
+
+_LOW_PRECISION_DTYPES = ("torch.float16", "torch.bfloat16")
+
+
+def _fp32(t):
+    """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
+    return t.detach().float() if str(t.dtype) in _LOW_PRECISION_DTYPES else t.detach()
+
+
+def _upcast(capture, frozen: dict):
+    """The capture with its float16/bfloat16 inputs and buffers in float32 (gradient flags kept), and `frozen`
+    (parameters that train not, in float32) among its buffers."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def up(x):
+        if isinstance(x, torch.Tensor) and str(x.dtype) in _LOW_PRECISION_DTYPES:
+            return x.detach().float().requires_grad_(x.requires_grad)
+        return x
+
+    buffers = {n: up(b) for n, b in capture.buffers.items()}
+    buffers.update(frozen)
+    return dataclasses.replace(capture, args=tree_map(up, capture.args), kwargs=tree_map(up, capture.kwargs),
+                               buffers=buffers)
 
 
 def _halves(capture):

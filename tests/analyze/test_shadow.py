@@ -260,6 +260,32 @@ def test_a_submodule_run_alone_before_the_model_does_not_take_the_shadow_from_it
     assert report.shadow_evidence["1"]["fp16"]["steps"] == 2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_in_low_precision_is_replayed_as_the_same_model_in_fp32(dtype):
+    # model.to(bfloat16): the replays must not take the model's own dtype for the FP32 reference (BF16's error
+    # was 0). With lr 0 the weights stay put, the loss's output gradient is 1 (exact in any dtype), so the
+    # evidence must equal that of a float32 model holding the same rounded weights fed the same rounded inputs
+    def run(model_dtype):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).to(dtype).to(model_dtype)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        g = torch.Generator().manual_seed(1)
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(6):
+                x = torch.randn(16, 8, generator=g).to(dtype).to(model_dtype)
+                loss = model(x).float().sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return w.report()
+
+    low, fp32 = run(dtype), run(torch.float32)
+    assert low.shadow_evidence == fp32.shadow_evidence
+    assert all(low.shadow_evidence[layer][fmt]["grad_rel_error"] > 0 for layer in ("0", "2") for fmt in ("fp16", "bf16"))
+    assert any("replay it with parameters, inputs and buffers in FP32" in note for note in low.run["notes"])
+    assert not any("in FP32 (the reference" in note for note in fp32.run["notes"])
+
+
 def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
     # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The
     # formats are still replayed on the whole batch, with no warning; the report says why there is no noise floor
