@@ -522,7 +522,7 @@ class ShadowSteps:
         real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _eager():
                 self._measure(capture, params, device)
         finally:
             self._replaying = False
@@ -537,18 +537,20 @@ class ShadowSteps:
         tasks = [None, *self.formats]             # None: the noise floor
         task = tasks[self._turn % len(tasks)]
         self._turn += 1
+        halving_error = None
         if task is None:
             try:
                 split = self._noise_floor(capture, params, device)
-            except Exception as err:   # state kept for the full batch (a tensor of last step's batch size)
-                self.halving_error = f"{type(err).__name__}: {err}"
-                self.record.unsplit_steps += 1
-                split = False
+            except Exception as err:   # state kept for the full batch (a tensor of last step's batch size)?
+                halving_error, split = err, False
             if split or len(tasks) == 1:
                 return
             task = tasks[self._turn % len(tasks)]  # a batch that cannot be halved: this step replays a format
             self._turn += 1
         reference = self._reference(capture, params, device)
+        if halving_error is not None:  # (the whole batch replays: the halves were the trouble)
+            self.halving_error = f"{type(halving_error).__name__}: {halving_error}"
+            self.record.unsplit_steps += 1
         try:
             self._replay_format(task, capture, params, device, Reference(reference, self._groups))
         except Exception as err:      # this format cannot be replayed here (torch's CPU LSTM has no fp16 kernel)
@@ -770,6 +772,17 @@ _ABSENT = object()
 
 
 _LOW_PRECISION_DTYPES = ("torch.float16", "torch.bfloat16")
+
+
+def _eager():
+    """A context in which torch.compile'd modules inside the model run eagerly (a replay is not compiled:
+    Dynamo would trace it under the replay's own dispatch modes), where torch has compiler stances (2.6 on)."""
+    import contextlib
+
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def _fp32(t):

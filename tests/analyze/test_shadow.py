@@ -286,6 +286,42 @@ def test_a_model_in_low_precision_is_replayed_as_the_same_model_in_fp32(dtype):
     assert not any("in FP32 (the reference" in note for note in fp32.run["notes"])
 
 
+class CompiledBody(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.compile(nn.Sequential(nn.Linear(8, 32), nn.Tanh()))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_a_compiled_submodule_is_replayed_eagerly_and_the_run_stays_compiled():
+    # the replays ran into Dynamo under their own dispatch modes (AssertionError, shadow steps stopped); now they
+    # run the compiled body eagerly, and the real steps, compiled, end with the parameters of an unwatched run
+    import warnings
+
+    def run(watched):
+        torch.manual_seed(0)
+        model = CompiledBody()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1)
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
+            square_loss_steps(model, optimizer, g, 4, 16)
+        return model, w
+
+    plain, _ = run(False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="fpsim")
+        model, w = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
+    report = w.report()
+    assert w.shadow.error is None and report.shadow_summary()["steps"] == [0, 1, 2, 3]
+    assert 0 < report.shadow_evidence["body.0"]["fp16"]["grad_rel_error"] < report.shadow_evidence["body.0"]["bf16"][
+        "grad_rel_error"]
+    assert not any("half a batch" in note for note in report.run["notes"])
+
+
 def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_steps():
     # Stateful keeps last step's activations (16 rows): half a batch cannot be added to them from step 1 on. The
     # formats are still replayed on the whole batch, with no warning; the report says why there is no noise floor
