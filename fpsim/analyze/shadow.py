@@ -431,12 +431,7 @@ class ShadowSteps:
             return None
         try:
             with self._busy():
-                from torch.utils._pytree import tree_map
-
-                def copy(x):   # (an input that requires grad keeps it: reentrant checkpointing needs one)
-                    return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-
-                args, kwargs = tree_map(copy, tuple(args)), tree_map(copy, dict(kwargs))
+                args, kwargs = _fresh(tuple(args)), _fresh(dict(kwargs))
                 self._capture = _Capture(step, args, kwargs,
                                          {n: b.detach().clone() for n, b in module.named_buffers()},
                                          _RunState(self.core, (args, kwargs)))
@@ -695,13 +690,13 @@ class ShadowSteps:
         import torch
         from torch.func import functional_call
 
-        capture.state.restore()         # each replayed forward starts where the real one did
-        buffers = {n: b.clone() for n, b in capture.buffers.items()}
+        capture.state.restore()         # each replayed forward starts where the real one did, on fresh copies
+        buffers = {n: b.clone() for n, b in capture.buffers.items()}   # of its inputs (a forward may write them)
         with context.arithmetic():
             try:
                 with context:
-                    out = functional_call(self.core, {**context.parameters(params), **buffers}, capture.args,
-                                          capture.kwargs)
+                    out = functional_call(self.core, {**context.parameters(params), **buffers},
+                                          _fresh(capture.args), _fresh(capture.kwargs))
             except SourceFound:
                 return None
             if stop is not None and stop():
@@ -788,6 +783,16 @@ def _eager():
 def _fp32(t):
     """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
     return t.detach().float() if str(t.dtype) in _LOW_PRECISION_DTYPES else t.detach()
+
+
+def _fresh(tree):
+    """`tree` with every tensor copied, detached (an input that requires grad keeps it: reentrant checkpointing
+    needs one)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor)
+                    else x, tree)
 
 
 def _upcast(capture, frozen: dict):
