@@ -154,6 +154,7 @@ class Watcher:
         self.tied: dict = {}                            # record name -> record names sharing its parameters
         self._tie_owner: dict = {}                      # record name -> the record its tied parameters count under
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
+        self.low_precision_weights: set = set()         # float16/bfloat16 where trained parameters are kept
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
         self._param_handles: list = []
         self._counted: dict = {}                        # _cache_key(tensor) -> (weakref, version, unscale,
@@ -248,6 +249,8 @@ class Watcher:
                     self.unplain_params.add(name)
                     self._unplain_owner[p] = name
                     continue
+                if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
+                    self.low_precision_weights.add(str(p.dtype).removeprefix("torch."))
                 owner = self._param_owner.get(p)
                 if owner is not None:
                     self.tied.setdefault(owner, []).append(name)
@@ -932,6 +935,11 @@ class Watcher:
                 done.add(group)
                 notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
                              f"under {self._tie_owner.get(name, name)}")
+        if self.low_precision_weights and "update" in self.kinds:
+            stored = " and ".join(sorted(self.low_precision_weights))
+            notes.append(f"weights are stored in {stored}: an update the run lost is zero there and is not counted, "
+                         f"so the lost-update shares are lower bounds, and say nothing of {stored} itself (with "
+                         f"FP32 master weights they would be counted)")
         if self.unplain_params:
             names = sorted(self.unplain_params)
             notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "

@@ -203,6 +203,34 @@ def test_weights_and_updates_by_hand_are_counted_from_the_second_step(data):
     assert stats["update"].lost_updates["bf16"] == int(((updates != 0) & (np.abs(updates) < ulp / 2)).sum()) > 0
 
 
+def test_weights_stored_in_bf16_say_their_lost_updates_cannot_be_counted():
+    # pure BF16 training: an update BF16 loses leaves the weight as it was, so the counted updates (the weight's
+    # change) cannot show it. The run really loses updates (a nonzero gradient, an unchanged weight), while
+    # the count of BF16's lost updates is 0: the report must say that its shares are lower bounds
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4)).to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    unchanged, moved = 0, 0
+    with watch(model, formats=("fp16", "bf16")) as w:
+        for _ in range(5):
+            x, y = torch.randn(32, 16, generator=g).to(torch.bfloat16), torch.randint(0, 4, (32,), generator=g)
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+            optimizer.zero_grad()
+            loss.backward()
+            before = model[0].weight.detach().clone()
+            optimizer.step()
+            nonzero = model[0].weight.grad != 0
+            unchanged += int((nonzero & (model[0].weight.detach() == before)).sum())
+            moved += int(nonzero.sum())
+    report = w.report()
+    assert unchanged > 0.5 * moved                                  # most of the run's updates were lost
+    assert report.layer("0").tensors["update"].lost_update_fraction(fpsim.analyze.FormatLimits.of("bf16")) == 0
+    assert any(note.startswith("weights are stored in bfloat16") and "lower bounds" in note
+               for note in report.run["notes"])
+    assert "lower bounds" in report.summary_table()
+
+
 def test_manual_steps_without_an_optimizer(data):
     model = small_model()
     with watch(model, kinds=("activation", "activation_grad")) as w:
