@@ -36,7 +36,7 @@ import numpy as np
 
 from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter
-from .limits import resolve_formats
+from .limits import is_low_precision, resolve_formats
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
@@ -249,7 +249,7 @@ class Watcher:
                     self.unplain_params.add(name)
                     self._unplain_owner[p] = name
                     continue
-                if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
+                if p.requires_grad and is_low_precision(p.dtype):
                     self.low_precision_weights.add(str(p.dtype).removeprefix("torch."))
                 owner = self._param_owner.get(p)
                 if owner is not None:
@@ -373,11 +373,7 @@ class Watcher:
 
     def _manual_groups(self) -> list:
         """[(record name, [parameters])] of every recorded module's trainable parameters (no optimizer's list)."""
-        groups: dict = {}
-        for p, name in self._param_owner.items():
-            if p.requires_grad:
-                groups.setdefault(name, []).append(p)
-        return list(groups.items())
+        return self._by_owner(p for p in self._param_owner.keys() if p.requires_grad)
 
     def _drop_next_forward(self) -> None:
         if self._next_forward_hook is not None:
@@ -881,27 +877,35 @@ class Watcher:
 
     def _params_of(self, optimizer) -> list:
         """[(record name, [parameters])] for the optimizer's parameters that belong to recorded modules."""
-        if self.names.new_names:
-            self._refresh()
-        groups = optimizer.param_groups
-        size = sum(len(g["params"]) for g in groups)
-        cached = self._optimizer_params.get(optimizer)
-        if cached is None or cached[0] != size or cached[1] != len(self._param_owner):
-            by_module: dict = {}
-            for g in groups:
-                for p in g["params"]:
-                    owner = self._param_owner.get(p)
-                    if owner is not None:
-                        by_module.setdefault(owner, []).append(p)
-            cached = (size, len(self._param_owner), list(by_module.items()))
-            self._optimizer_params[optimizer] = cached
-        return cached[2]
+        return self._optimizer_view(optimizer)[0]
 
     def _steps_unplain(self, optimizer) -> bool:
         """Whether the optimizer steps parameters of the model that are tensor subclasses (DTensor: FSDP's
         fully_shard): not counted, but its steps are the run's steps."""
-        return bool(self._unplain_owner) and any(p in self._unplain_owner for g in optimizer.param_groups
-                                                 for p in g["params"])
+        return self._optimizer_view(optimizer)[1]
+
+    def _optimizer_view(self, optimizer) -> tuple:
+        """(`_params_of`, `_steps_unplain`) of the optimizer, worked out again only when its parameter list or
+        the recorded parameters changed."""
+        if self.names.new_names:
+            self._refresh()
+        groups = optimizer.param_groups
+        key = (sum(len(g["params"]) for g in groups), len(self._param_owner), len(self._unplain_owner))
+        cached = self._optimizer_params.get(optimizer)
+        if cached is None or cached[0] != key:
+            params = [p for g in groups for p in g["params"]]
+            cached = (key, (self._by_owner(params), any(p in self._unplain_owner for p in params)))
+            self._optimizer_params[optimizer] = cached
+        return cached[1]
+
+    def _by_owner(self, params) -> list:
+        """[(record name, [parameters])]: `params` that belong to recorded modules, grouped by module."""
+        by_module: dict = {}
+        for p in params:
+            owner = self._param_owner.get(p)
+            if owner is not None:
+                by_module.setdefault(owner, []).append(p)
+        return list(by_module.items())
 
     # ---------------------------------------------------------------- report
     def precision(self) -> dict:

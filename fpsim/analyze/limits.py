@@ -133,7 +133,16 @@ def inf_overflow_threshold(name: str, dtypes: dict) -> float | None:
     return min(low) if low else None
 
 
+LOW_PRECISION_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+"""torch's 16-bit float dtypes (autocast computes in them, pure low-precision training stores weights in them),
+by name, and the format of each."""
+
+
+def is_low_precision(dtype) -> bool:
+    """Whether a torch dtype is one of LOW_PRECISION_DTYPES."""
+    return str(dtype).removeprefix("torch.") in LOW_PRECISION_DTYPES
+
+
 @functools.lru_cache(maxsize=1)
 def _low_precision_thresholds() -> dict:
-    return {"float16": FormatLimits.of("fp16").overflow_threshold,
-            "bfloat16": FormatLimits.of("bf16").overflow_threshold}
+    return {dtype: FormatLimits.of(fmt).overflow_threshold for dtype, fmt in LOW_PRECISION_DTYPES.items()}

@@ -69,6 +69,7 @@ import warnings
 
 from .evidence import threshold
 from .gradient_error import Reference, flat
+from .limits import LOW_PRECISION_DTYPES, is_low_precision
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound, float_leaves
 
 COMMAND_LINE_EVERY = 10
@@ -77,7 +78,8 @@ only). fpsim.watch shadows only when asked (shadow_every=N): the replays run you
 on them run with them (docs/verdicts.md, Limits)."""
 NARROW_SCALES_LOG2 = (0, 8, 16)
 """Candidate loss scales (log2) for loss-scaled formats narrower than FP32 (fp16)."""
-AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+AUTOCAST_DTYPES = {fmt: dtype for dtype, fmt in LOW_PRECISION_DTYPES.items()}
+"""The formats torch.autocast runs, and the dtype of each (the replays of these formats are autocast's)."""
 NUMERICS = ("emulated", "autocast")
 """How FP16/BF16 shadow steps compute: "emulated", torch.autocast's op policy with each FP16/BF16 op computed in
 FP32 and rounded once (replay.EmulatedAutocast: a GPU kernel's numerics, at about FP32's cost); "autocast",
@@ -509,7 +511,7 @@ class ShadowSteps:
         params = {n: _fp32(p).requires_grad_(True) for n, p in named if p.requires_grad}
         if not params:
             return
-        if any(str(p.dtype) in _LOW_PRECISION_DTYPES for _, p in named):
+        if any(is_low_precision(p.dtype) for _, p in named):
             # FP16/BF16 parameters (pure low-precision training): the replays run the model in FP32, as for AMP
             self.upcast = True
             capture = _upcast(capture, {n: p.detach().float() for n, p in named if not p.requires_grad})
@@ -766,9 +768,6 @@ class _RunState:
 _ABSENT = object()
 
 
-_LOW_PRECISION_DTYPES = ("torch.float16", "torch.bfloat16")
-
-
 def _eager():
     """A context in which torch.compile'd modules inside the model run eagerly (a replay is not compiled:
     Dynamo would trace it under the replay's own dispatch modes), where torch has compiler stances (2.6 on)."""
@@ -782,7 +781,7 @@ def _eager():
 
 def _fp32(t):
     """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
-    return t.detach().float() if str(t.dtype) in _LOW_PRECISION_DTYPES else t.detach()
+    return t.detach().float() if is_low_precision(t.dtype) else t.detach()
 
 
 def _fresh(tree):
@@ -802,7 +801,7 @@ def _upcast(capture, frozen: dict):
     from torch.utils._pytree import tree_map
 
     def up(x):
-        if isinstance(x, torch.Tensor) and str(x.dtype) in _LOW_PRECISION_DTYPES:
+        if isinstance(x, torch.Tensor) and is_low_precision(x.dtype):
             return x.detach().float().requires_grad_(x.requires_grad)
         return x
 

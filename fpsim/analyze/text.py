@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .limits import LOW_PRECISION_DTYPES
 from .store import GRADIENT_KINDS
 
 
@@ -223,7 +224,7 @@ def precision_lines(precision: dict) -> list:
     lines = []
     autocast = precision.get("autocast") or {}
     dtypes = precision.get("op_outputs_by_dtype") or {}
-    if autocast or any(d in dtypes for d in ("float16", "bfloat16")):
+    if autocast or any(d in dtypes for d in LOW_PRECISION_DTYPES):
         ran = ", ".join(f"{d} {n}" for d, n in sorted(dtypes.items(), key=lambda kv: -kv[1]))
         where = ", ".join(f"{dev} {d}" for dev, d in autocast.items()) or "none"
         lines.append(f"the run's precision: autocast {where}; op outputs by dtype: {ran}")
