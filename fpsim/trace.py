@@ -152,14 +152,7 @@ class ModuleNames:
 
         core = unwrap(model)
         self._roots[label] = weakref.ref(core)
-        chain, m = [model], model
-        while m is not core:
-            m = getattr(m, "_orig_mod", None) or getattr(m, "module")
-            chain.append(m)
-        for wrapper in chain:
-            if type(wrapper).__name__ == "OptimizedModule":
-                self.compiled.append(label)
-            self._set(wrapper, label)
+        self._name_chain(model, core, label)
         for name, mod in core.named_modules():
             if not name or mod in self._names:
                 continue
@@ -171,13 +164,30 @@ class ModuleNames:
         if isinstance(core, torch.jit.ScriptModule):
             self.scripted.append(label)
 
+    def _name_chain(self, model, core, name: str) -> None:
+        """Give `model`, the wrappers inside it and their `core` the name `name`; note a torch.compile wrapper."""
+        chain, m = [model], model
+        while m is not core:
+            m = getattr(m, "_orig_mod", None) or getattr(m, "module")
+            chain.append(m)
+        for wrapper in chain:
+            if type(wrapper).__name__ == "OptimizedModule":
+                self.compiled.append(name)
+            self._set(wrapper, name)
+
     def _set(self, module, name: str) -> None:
         self._names[module] = name
         self.new_names.append((module, name))
 
     def adopt(self, module) -> str:
-        """Name a module seen for the first time outside every known root; its name."""
-        base = type(unwrap(module)).__name__
+        """Name a module seen for the first time outside every known root; its name. A wrapper made around a
+        module already named (torch.compile(model) after watch(model)) takes that module's name."""
+        core = unwrap(module)
+        known = self._names.get(core)
+        if known is not None:
+            self._name_chain(module, core, known)
+            return known
+        base = type(core).__name__
         label, n = base, 2
         while label in self._roots and self._roots[label]() is not None:
             label, n = f"{base}#{n}", n + 1

@@ -222,6 +222,9 @@ class Watcher:
             if type(module).__name__ in ("DistributedDataParallel", "DataParallel", "OptimizedModule",
                                          "FullyShardedDataParallel"):
                 self._recorded[module] = None
+                if self.shadow is not None and type(module).__name__ == "OptimizedModule" \
+                        and unwrap(module) is self.shadow.core:   # torch.compile(model) after watch(model)
+                    self.shadow.compiled(module)
                 continue
             own = list(module.parameters(recurse=False)) if not isinstance(module, torch.jit.ScriptModule) \
                 else []

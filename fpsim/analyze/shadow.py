@@ -242,6 +242,7 @@ class _Capture:
     state: "_RunState"           # the RNG streams and module attributes as the real forward began
     grads: list = dataclasses.field(default_factory=list)   # per output leaf: float32 gradient or None
     handles: list = dataclasses.field(default_factory=list)
+    versions: list = dataclasses.field(default_factory=list)   # the root's parameters as its forward used them
     real: dict | None = dataclasses.field(default_factory=dict)   # parameter name -> the real backward's
     # gradient; None when the step ran the model more than once (gradient accumulation: they would be summed)
 
@@ -316,13 +317,23 @@ class ShadowSteps:
 
         if not self.wants_root:
             return
-        if type(model).__name__ == "OptimizedModule" or isinstance(core, torch.jit.ScriptModule):
-            self.notes.append(f"{name_of(model) or type(core).__name__} is compiled or TorchScript: no shadow steps "
+        if isinstance(core, torch.jit.ScriptModule):
+            self.notes.append(f"{name_of(model) or type(core).__name__} is TorchScript: no shadow steps "
                               f"(verdicts from value counts)")
             return
         self._busy, self._step_of, self._name_of = busy, step_of, name_of
         self._hook(core)
+        if type(model).__name__ == "OptimizedModule":
+            self.compiled(model)
         self.may_retarget = True
+
+    def compiled(self, wrapper) -> None:
+        """`wrapper`, torch.compile's module around the root, calls it: capture at its call too. Inside compiled
+        code the root's own hooks do nothing (torch.compiler.is_compiling), the wrapper's run as the run calls
+        it; the replays call the root itself, eagerly (_eager)."""
+        if self.core is not None and wrapper is not self.core:
+            self._handles += [wrapper.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
+                              wrapper.register_forward_hook(self._on_forward, with_kwargs=True)]
 
     def ran_outermost(self, module) -> None:
         """`module` ran outermost with gradients on while the root's own forward has not run yet this run: the
@@ -332,9 +343,14 @@ class ShadowSteps:
             self._outermost = module
 
     def step_ended(self) -> None:
-        """The run's step ended: drop a capture not replayed; where a step went by without the root's own
+        """The run's step ended: drop a capture not replayed, unless it still waits for its gradient with the
+        root's parameters as its forward used them (a GAN's generator: its forward runs in the discriminator's
+        step, its backward in the next, where it is replayed); where a step went by without the root's own
         forward, retarget."""
-        self.forget()
+        capture = self._capture
+        if capture is None or any(g is not None for g in capture.grads) or not capture.handles \
+                or _versions(self.core) != capture.versions:
+            self.forget()
         if self.may_retarget and self._outermost is not None:
             self.retarget(self._outermost)
 
@@ -421,6 +437,8 @@ class ShadowSteps:
     def _on_forward_pre(self, module, args, kwargs):
         import torch
 
+        if torch.compiler.is_compiling():    # the root's hooks inside compiled code: nothing, no guard
+            return None
         self.may_retarget, self._outermost = False, None
         step = self._step_of()
         capture = self._capture
@@ -429,19 +447,23 @@ class ShadowSteps:
             self.forget()   # no gradient reached the last forward before this one (an evaluation forward with
             capture = None  # gradients on, outputs of several forwards joined in one loss): capture this one
         if capture is not None or self._replaying or step % self.every or step == self._replayed_step \
-                or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+                or not torch.is_grad_enabled():
             return None
         try:
             with self._busy():
                 args, kwargs = _fresh(tuple(args)), _fresh(dict(kwargs))
                 self._capture = _Capture(step, args, kwargs,
-                                         {n: b.detach().clone() for n, b in module.named_buffers()},
-                                         _RunState(self.core, (args, kwargs)))
+                                         {n: b.detach().clone() for n, b in self.core.named_buffers()},
+                                         _RunState(self.core, (args, kwargs)), versions=_versions(self.core))
         except Exception as err:
             self._fail(err)
         return None
 
     def _on_forward(self, module, args, kwargs, output):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
         capture = self._capture
         if capture is None or self._replaying:
             return None                              # not shadowed, or a replay's forward
@@ -782,6 +804,11 @@ def _eager():
 def _fp32(t):
     """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
     return t.detach().float() if is_low_precision(t.dtype) else t.detach()
+
+
+def _versions(core) -> list:
+    """Each parameter of `core` with its version: an update in place, or a parameter replaced, changes it."""
+    return [(id(p), p._version) for p in core.parameters()]
 
 
 def _fresh(tree):

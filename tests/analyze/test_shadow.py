@@ -245,6 +245,48 @@ def test_an_evaluation_forward_with_gradients_on_gives_way_to_the_training_forwa
     assert report.shadow_evidence["0"]["fp16"]["steps"] == 2
 
 
+def _train_gan(watched=None, steps: int = 6):
+    """A GAN's loop: the generator's forward in the discriminator's step, its backward in its own step (the
+    discriminator's optimizer steps in between). watched(G, D): the module to watch, or None (unobserved).
+    The generator's parameters after training, and the watcher."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), lr=1e-3), torch.optim.Adam(D.parameters(), lr=1e-3)
+    g, bce = torch.Generator().manual_seed(1), nn.BCEWithLogitsLoss()
+    w = None if watched is None else watch(watched(G, D), formats=("fp16",), shadow_every=2).attach()
+    for _ in range(steps):
+        real_data, z = torch.randn(16, 8, generator=g) + 2, torch.randn(16, 4, generator=g)
+        fake = G(z)
+        loss_d = bce(D(real_data), torch.ones(16, 1)) + bce(D(fake.detach()), torch.zeros(16, 1))
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        loss_g = bce(D(fake), torch.ones(16, 1))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+    if w is not None:
+        w.close()
+    return [p.detach().clone() for p in G.parameters()], w
+
+
+@pytest.mark.parametrize("watched", [lambda G, D: G, lambda G, D: nn.ModuleDict({"G": G, "D": D})],
+                         ids=["generator", "both"])
+def test_a_forward_whose_gradient_comes_a_step_later_is_replayed_then(watched):
+    # each optimizer's step is a step: the generator's forward runs in the discriminator's step, the gradient
+    # reaches its output in the next, after the discriminator's update (which leaves the generator as it was).
+    # Before, every capture was dropped when the discriminator's step ended: no step was shadowed
+    unobserved, _ = _train_gan()
+    trained, w = _train_gan(watched)
+    assert all(torch.equal(a, b) for a, b in zip(unobserved, trained))
+    report = w.report()
+    assert report.run["steps"] == 12 and report.shadow_summary()["steps"]
+    assert w.shadow._real_matches      # the replay's FP32 gradients equal those the real backward computed
+    generator_layer = "0" if "0" in report.shadow_evidence else "G.0"
+    assert report.shadow_evidence[generator_layer]["fp16"]["grad_rel_error"] < 0.01
+
+
 def test_a_submodule_run_alone_before_the_model_does_not_take_the_shadow_from_it():
     # the script runs the body alone (with gradients on) before training the whole model: the shadow stays on
     # the model, whose own forward runs in the same step, and its head gets evidence too
@@ -320,6 +362,54 @@ def test_a_compiled_submodule_is_replayed_eagerly_and_the_run_stays_compiled():
     assert 0 < report.shadow_evidence["body.0"]["fp16"]["grad_rel_error"] < report.shadow_evidence["body.0"]["bf16"][
         "grad_rel_error"]
     assert not any("half a batch" in note for note in report.run["notes"])
+
+
+def _train_compiled(watched: str | None):
+    """Four steps of a torch.compile'd model: unobserved (None), under watch(compiled) ("wrapper"), or under
+    watch(model) with the model compiled after ("model"). Its parameters, the watcher, and the frames Dynamo
+    compiled."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    w = watch(model, formats=("fp16",), shadow_every=1).attach() if watched == "model" else None
+    compiled = torch.compile(model)
+    if watched == "wrapper":
+        w = watch(compiled, formats=("fp16",), shadow_every=1).attach()
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    with contextlib.suppress(UserWarning) if watched else contextlib.nullcontext():
+        for _ in range(4):
+            loss = compiled(torch.randn(16, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    if w is not None:
+        w.close()
+    return [p.detach().clone() for p in model.parameters()], w, torch._dynamo.utils.counters["frames"]["ok"] - frames
+
+
+@pytest.mark.parametrize("watched", ["wrapper", "model"])
+def test_a_compiled_model_is_shadowed_and_its_steps_stay_compiled(watched):
+    # a torch.compile'd root was not shadowed (its own hooks do nothing inside compiled code): the capture is now
+    # taken at the compiled module's call, the replays run the model eagerly, and the real steps stay as they were
+    import warnings
+
+    plain, _, plain_frames = _train_compiled(None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*global hooks")
+        trained, w, frames = _train_compiled(watched)
+    assert all(torch.equal(a, b) for a, b in zip(plain, trained)) and frames == plain_frames
+    report = w.report()
+    # compiled after watch(model), the capture starts once the compiled module has run: from step 1
+    assert report.shadow_summary()["steps"] == ([0, 1, 2, 3] if watched == "wrapper" else [1, 2, 3])
+    assert w.shadow._real_matches      # the replays' FP32 gradients equal those the compiled backward computed
+    assert 0 < report.shadow_evidence["0"]["fp16"]["grad_rel_error"] < 0.01
+    assert not any("no step was shadowed" in note for note in report.run["notes"])
+    # compiled after watch(model), the compiled module is the model under its own name, not a second root
+    assert any(note.startswith("Sequential ran under torch.compile") for note in report.run["notes"])
 
 
 class DoublesItsInput(nn.Module):
