@@ -332,8 +332,7 @@ class ShadowSteps:
         code the root's own hooks do nothing (torch.compiler.is_compiling), the wrapper's run as the run calls
         it; the replays call the root itself, eagerly (_eager)."""
         if self.core is not None and wrapper is not self.core:
-            self._handles += [wrapper.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
-                              wrapper.register_forward_hook(self._on_forward, with_kwargs=True)]
+            self._handles += _hook_calls(wrapper, self._on_forward_pre, self._on_forward)
 
     def ran_outermost(self, module) -> None:
         """`module` ran outermost with gradients on while the root's own forward has not run yet this run: the
@@ -379,8 +378,7 @@ class ShadowSteps:
             self._layer_names[id(module)] = self._name_of(module) or qual or type(core).__name__
             if names:
                 self._groups.append((self._layer_names[id(module)], names))
-        self._handles = [core.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
-                         core.register_forward_hook(self._on_forward, with_kwargs=True)]
+        self._handles = _hook_calls(core, self._on_forward_pre, self._on_forward)
 
     def describe(self) -> list:
         """Notes for the report: what the shadow steps could not do."""
@@ -804,6 +802,36 @@ def _eager():
 def _fp32(t):
     """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
     return t.detach().float() if is_low_precision(t.dtype) else t.detach()
+
+
+def _hook_calls(module, before, after) -> list:
+    """Forward pre- and post-hooks (with kwargs) on the user's `module`, as _ModuleHooks; their handles."""
+    return [module.register_forward_pre_hook(_ModuleHook(before), with_kwargs=True),
+            module.register_forward_hook(_ModuleHook(after), with_kwargs=True)]
+
+
+class _ModuleHook:
+    """A hook on the user's module that calls `fn`. A copy of the module (copy.deepcopy: an EMA model, the best
+    model so far) or a pickle of it (torch.save(model)) gets an inert hook in its place: the copy is not the
+    watched model, and fpsim's state (thread-local flags, the capture) does not travel with it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return _InertHook, ()
+
+
+class _InertHook:
+    """What a copy of a watched module holds in place of fpsim's hook: a hook that does nothing."""
+
+    def __call__(self, *args):
+        return None
 
 
 def _versions(core) -> list:

@@ -412,6 +412,29 @@ def test_a_compiled_model_is_shadowed_and_its_steps_stay_compiled(watched):
     assert any(note.startswith("Sequential ran under torch.compile") for note in report.run["notes"])
 
 
+def test_a_watched_model_can_be_copied_and_saved_whole_and_its_copies_are_not_watched():
+    # copy.deepcopy(model) (an EMA model, AveragedModel, the best model so far) and torch.save(model) raised
+    # "cannot pickle '_thread._local' object" while shadow steps were on: the root's hooks held fpsim's state.
+    # Copies now hold an inert hook: they compute as the model does, and their forwards are not captured
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16",), shadow_every=1) as w:
+        square_loss_steps(model, optimizer, g, 1, 16)
+        best = copy.deepcopy(model)
+        saved = io.BytesIO()
+        torch.save(model, saved)
+        saved.seek(0)
+        loaded = torch.load(saved, weights_only=False)
+        x = torch.randn(4, 8, generator=g)
+        assert torch.equal(best(x), model(x)) and torch.equal(loaded(x), model(x))
+        square_loss_steps(model, optimizer, g, 2, 16, before_each=lambda: best(x).sum().backward())
+    assert w.shadow.error is None and w.report().shadow_summary()["steps"] == [0, 1, 2]
+
+
 class DoublesItsInput(nn.Module):
     def __init__(self, in_place: bool):
         super().__init__()
