@@ -991,7 +991,8 @@ class Watcher:
         if getattr(self, "_label", None):   # the watched model's class (else the report guesses from its records)
             run["model"] = self._label
         dtypes = {name: {k.replace("torch.", ""): v for k, v in d.items()} for name, d in self.dtypes().items()}
-        shadow = self.shadow.evidence() if self.shadow is not None and self.shadow.record.count else None
+        shadow = self.shadow.evidence() if self.shadow is not None and self.shadow.record.count \
+            and not self.shadow.overridden else None
         recipes = None if self.recipes is None else (self.recipes.measurements(), self.recipes.describe())
         return build_report(snapshot, self.limits, settings, run, dict(self._types), rank=rank, dtypes=dtypes,
                             tied={k: sorted(set(v)) for k, v in self.tied.items()}, hidden=set(self._hidden),

@@ -293,6 +293,7 @@ class ShadowSteps:
         self._replaying = False               # the replays' own forwards are not captured
         self._replayed_step = None            # one replay per step (a closure may run the forward again)
         self.halving_error = None             # why a replay of half the batch failed (then no more halves)
+        self._exact_turns: dict = {}          # format -> its turns whose gradients equalled the reference exactly
         self.upcast = False                   # the model's parameters were FP16/BF16: replayed in FP32
 
     @property
@@ -394,6 +395,10 @@ class ShadowSteps:
         for name, error in self.dropped_formats.items():
             out.append(f"shadow steps for {name} stopped after its replay failed ({error}): its later verdicts from "
                        f"the steps before, or value counts")
+        if self.overridden:
+            out.append(f"every {' and every '.join(self.overridden)} replay gave exactly the reference's gradients: "
+                       f"the model's forward sets its own precision (an autocast inside it) over the replays', so "
+                       f"the reference is not FP32 and the shadow steps show no format: verdicts from value counts")
         if self.upcast:
             out.append("the model's parameters are float16 or bfloat16: the shadow steps replay it with parameters, "
                        "inputs and buffers in FP32 (the reference, and each format as a mixed-precision run of the "
@@ -406,6 +411,13 @@ class ShadowSteps:
             out.append(f"{self.record.unsplit_steps} shadowed steps had a batch that cannot be halved (one sample, "
                        f"or outputs not batched along dim 0): no noise floor from them")
         return out
+
+    @property
+    def overridden(self) -> list:
+        """Formats every replay of which gave exactly the reference's gradients, on every layer: no rounding
+        shows, so the model's forward set its own precision over the replays' (an autocast inside it), and
+        the reference ran in it too."""
+        return [name for name, n in self._exact_turns.items() if n == self.record.turns.get(name)]
 
     def evidence(self) -> dict:
         """What the shadow steps measured (ShadowRecord.to_dict) and how they ran."""
@@ -632,6 +644,8 @@ class ShadowSteps:
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
         epoch = self.record.turn(lim.name, capture.step)
+        if at1 and all(m is not None and m["rel_error"] == 0 and not m["nonfinite_share"] for m in at1.values()):
+            self._exact_turns[lim.name] = self._exact_turns.get(lim.name, 0) + 1
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
             if scale == 0:
@@ -713,6 +727,7 @@ class ShadowSteps:
         from torch.func import functional_call
 
         capture.state.restore()         # each replayed forward starts where the real one did, on fresh copies
+        _without_amp_wrapper(self.core)
         buffers = {n: b.clone() for n, b in capture.buffers.items()}   # of its inputs (a forward may write them)
         with context.arithmetic():
             try:
@@ -786,6 +801,16 @@ class _RunState:
 
 
 _ABSENT = object()
+
+
+def _without_amp_wrapper(core) -> None:
+    """Each replay computes in its own precision: a forward that accelerate wrapped in autocast (transformers'
+    Trainer with bf16=True or fp16=True) would run every replay in the run's dtype, the FP32 reference included,
+    so the replays call the forward as it was before the wrapping (as accelerate's unwrap_model does). The
+    run's binding comes back with the rest of its module attributes (_RunState.restore)."""
+    own = vars(core)
+    if own.get("_original_forward") is not None and "forward" in own:
+        own["forward"] = own["_original_forward"]
 
 
 def _eager():

@@ -18,10 +18,10 @@ lightning = pytest.importorskip("lightning")
 from framework_helpers import Tokens, tiny_gpt2  # noqa: E402
 
 
-def hf_train(model, folder, watched: bool, shadow_every=None):
+def hf_train(model, folder, watched: bool, shadow_every=None, **options):
     args = transformers.TrainingArguments(output_dir=str(folder), max_steps=4, per_device_train_batch_size=4,
                                           learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no",
-                                          use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True)
+                                          use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True, **options)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
     if not watched:
         trainer.train()
@@ -102,6 +102,23 @@ def test_transformers_trainer_is_shadowed_through_the_loss_its_model_computes(tm
     assert report.shadow_summary()["steps"] == [0, 1, 2, 3]      # turns: the noise floor, fp16, bf16, the floor
     evidence = report.shadow_evidence["transformer.h.0.attn.c_attn"]
     assert evidence["fp16"]["steps"] == evidence["bf16"]["steps"] == 1 and 0 < evidence["fp16"]["grad_rel_error"] < evidence["bf16"]["grad_rel_error"]
+
+
+def test_a_trainer_in_bf16_is_shadowed_in_each_format_not_in_its_own(tmp_path):
+    # with bf16=True accelerate wraps the model's forward in autocast: every replay, the FP32 reference
+    # included, ran in bf16, and every layer's error was exactly 0 in both formats. The replays now call the
+    # forward as it was before the wrapping; the run itself stays in bf16, bit for bit as unwatched
+    plain = tiny_gpt2()
+    hf_train(plain, tmp_path / "a", watched=False, bf16=True)
+    model = tiny_gpt2()
+    report = hf_train(model, tmp_path / "b", watched=True, shadow_every=1, bf16=True)
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert report.run["precision"]["autocast"] == {"cpu": "bfloat16"}
+    evidence = report.shadow_evidence["transformer.h.0.attn.c_attn"]
+    # a bf16 replay rounds to 8 significant bits, an fp16 one to 11: their errors differ by about 2^3
+    assert 0 < evidence["fp16"]["grad_rel_error"] < evidence["bf16"]["grad_rel_error"] < 0.05
+    assert not any("exactly the reference's gradients" in note for note in report.run["notes"])
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
