@@ -152,7 +152,7 @@ class Watcher:
         self._param_owner = WeakIdKeyDictionary()       # parameter -> record name
         self._unplain_owner = WeakIdKeyDictionary()     # parameter that is a tensor subclass -> record name
         self.tied: dict = {}                            # record name -> record names sharing its parameters
-        self._tie_owner: dict = {}                      # record name -> the record its tied parameters count under
+        self._shared_with: dict = {}                    # record name -> records sharing the parameters it owns
         self.unplain_params: set = set()                # record names whose parameters are tensor subclasses
         self.low_precision_weights: set = set()         # float16/bfloat16 where trained parameters are kept
         self._grad_params: list = []                    # (weakref to a parameter, record name): weight_grad hooks
@@ -258,7 +258,9 @@ class Watcher:
                 if owner is not None:
                     self.tied.setdefault(owner, []).append(name)
                     self.tied.setdefault(name, []).append(owner)
-                    self._tie_owner[name] = self._tie_owner.setdefault(owner, owner)
+                    sharers = self._shared_with.setdefault(owner, [])
+                    if name not in sharers:
+                        sharers.append(name)
                     continue
                 self._param_owner[p] = name
                 if "weight_grad" in self.kinds and p.requires_grad:
@@ -935,13 +937,9 @@ class Watcher:
         for name in sorted(set(self.names.scripted)):
             notes.append(f"{name} is TorchScript: its ops are attributed to {name} itself; its submodules are not "
                          f"seen separately and get no hooks")
-        done = set()
-        for name, others in self.tied.items():
-            group = tuple(sorted({name, *others}))
-            if group not in done:
-                done.add(group)
-                notes.append(f"tied weights: {', '.join(group)} share parameters; they are counted once, "
-                             f"under {self._tie_owner.get(name, name)}")
+        for owner, sharers in self._shared_with.items():     # one note per module owning shared parameters
+            notes.append(f"tied weights: {', '.join(sorted({owner, *sharers}))} share parameters; they are counted "
+                         f"once, under {owner}")
         if self.low_precision_weights and "update" in self.kinds:
             stored = " and ".join(sorted(self.low_precision_weights))
             notes.append(f"weights are stored in {stored}: an update the run lost is zero there and is not counted, "

@@ -49,6 +49,38 @@ def test_transformers_trainer_with_a_tiny_gpt2(tmp_path):
     assert report.layer("transformer.h.1.mlp.c_fc").tensors["weight_grad"].samples == 8   # weight, bias x 4
 
 
+def _expected_tie_notes(model) -> set:
+    """From the model's own structure: for each module that first holds a parameter other modules hold too,
+    (the modules sharing its parameters, the owner)."""
+    owners, shared = {}, {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owner = owners.setdefault(id(p), name)
+            if owner != name:
+                shared.setdefault(owner, {owner}).add(name)
+    return {(", ".join(sorted(names)), owner) for owner, names in shared.items()}
+
+
+@pytest.mark.parametrize("make", ["bert", "t5"])
+def test_tied_weights_get_one_note_per_module_owning_shared_parameters(make):
+    # BERT's decoder shares its weight with the word embeddings and its bias with cls.predictions (2 notes); T5's
+    # shared embedding is also encoder's, decoder's and lm_head's (1 note). Before, every module of a tie got
+    # its own note (3 for BERT, 4 for T5), some naming an owner of none of the parameters
+    if make == "bert":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+        batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
+    else:
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0))
+        batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 4))}
+    with fpsim.watch(model, formats=("fp16",)) as w:
+        model(**batch).loss.backward()
+    prefix, middle = "tied weights: ", " share parameters; they are counted once, under "
+    notes = {tuple(n.removeprefix(prefix).split(middle)) for n in w.report().run["notes"] if n.startswith(prefix)}
+    assert notes == _expected_tie_notes(model) and len(notes) == (2 if make == "bert" else 1)
+
+
 class LitRegressor(lightning.LightningModule):
     def __init__(self):
         super().__init__()
