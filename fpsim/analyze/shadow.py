@@ -294,7 +294,7 @@ class ShadowSteps:
         self._replayed_step = None            # one replay per step (a closure may run the forward again)
         self.halving_error = None             # why a replay of half the batch failed (then no more halves)
         self._exact_turns: dict = {}          # format -> its turns whose gradients equalled the reference exactly
-        self.upcast = False                   # the model's parameters were FP16/BF16: replayed in FP32
+        self.upcast: set = set()              # the dtypes of the model's parameters that were replayed in FP32
 
     @property
     def numerics(self) -> str:
@@ -400,9 +400,9 @@ class ShadowSteps:
                        f"the model's forward sets its own precision (an autocast inside it) over the replays', so "
                        f"the reference is not FP32 and the shadow steps show no format: verdicts from value counts")
         if self.upcast:
-            out.append("the model's parameters are float16 or bfloat16: the shadow steps replay it with parameters, "
-                       "inputs and buffers in FP32 (the reference, and each format as a mixed-precision run of the "
-                       "same model computes it), not the run's own pure low-precision arithmetic")
+            out.append(f"the model's parameters are {' and '.join(sorted(self.upcast))}: the shadow steps replay it "
+                       f"with parameters, inputs and buffers in FP32 (the reference, and each format as a "
+                       f"mixed-precision run of the same model computes it), not in the run's own arithmetic")
         if self.halving_error is not None:
             out.append(f"the replay of half a batch failed ({self.halving_error}; the model keeps state shaped by the "
                        f"full batch?): no noise floor from {self.record.unsplit_steps} shadowed steps, the formats "
@@ -543,9 +543,11 @@ class ShadowSteps:
         params = {n: _fp32(p).requires_grad_(True) for n, p in named if p.requires_grad}
         if not params:
             return
-        if any(is_low_precision(p.dtype) for _, p in named):
-            # FP16/BF16 parameters (pure low-precision training): the replays run the model in FP32, as for AMP
-            self.upcast = True
+        recast = {str(p.dtype).removeprefix("torch.") for _, p in named if _recast(p.dtype)}
+        if recast:
+            # FP16/BF16 parameters (pure low-precision training), FP64 ones (autocast leaves float64 as it is): the
+            # replays run the model in FP32, as for AMP
+            self.upcast |= recast
             capture = _upcast(capture, {n: p.detach().float() for n, p in named if not p.requires_grad})
         device = next(iter(params.values())).device.type
         real = _RunState(self.core, (capture.args, capture.kwargs))
@@ -824,9 +826,17 @@ def _eager():
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
+def _recast(dtype) -> bool:
+    """Whether the replays compute a tensor of this dtype in float32: float16/bfloat16 (a model trained in pure
+    low precision) and float64 (which torch.autocast leaves as it is: no format would show)."""
+    import torch
+
+    return dtype == torch.float64 or is_low_precision(dtype)
+
+
 def _fp32(t):
-    """A detached float32 copy of a float16/bfloat16 tensor; other tensors detached as they are."""
-    return t.detach().float() if is_low_precision(t.dtype) else t.detach()
+    """A detached float32 copy of a float16/bfloat16/float64 tensor; other tensors detached as they are."""
+    return t.detach().float() if _recast(t.dtype) else t.detach()
 
 
 def _hook_calls(module, before, after) -> list:
@@ -875,13 +885,13 @@ def _fresh(tree):
 
 
 def _upcast(capture, frozen: dict):
-    """The capture with its float16/bfloat16 inputs and buffers in float32 (gradient flags kept), and `frozen`
-    (parameters that train not, in float32) among its buffers."""
+    """The capture with its float16/bfloat16/float64 inputs and buffers in float32 (gradient flags kept), and
+    `frozen` (parameters that train not, in float32) among its buffers."""
     import torch
     from torch.utils._pytree import tree_map
 
     def up(x):
-        if isinstance(x, torch.Tensor) and is_low_precision(x.dtype):
+        if isinstance(x, torch.Tensor) and _recast(x.dtype):
             return x.detach().float().requires_grad_(x.requires_grad)
         return x
 
