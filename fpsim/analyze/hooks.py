@@ -37,6 +37,7 @@ import numpy as np
 from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter
 from .limits import is_low_precision, resolve_formats
+from .nested import float_tensors
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
@@ -518,7 +519,7 @@ class Watcher:
                 return
             if torch._C._is_any_autocast_enabled():
                 self._note_autocast()
-            tensors = (output,) if type(output) is torch.Tensor else _float_tensors(output)
+            tensors = (output,) if type(output) is torch.Tensor else float_tensors(output)
             for t in tensors:
                 if not t.is_floating_point():
                     continue
@@ -1072,21 +1073,6 @@ def _flat(tensors, copy: bool = False):
     if len(parts) == 1:
         return parts[0].clone() if copy else parts[0]
     return torch.cat(parts)
-
-
-def _float_tensors(output, depth: int = 0):
-    """The floating-point tensors in a module output (a tensor, or tuples, lists, dicts of them, a few deep)."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        if output.is_floating_point():
-            yield output
-    elif depth < 4 and isinstance(output, (tuple, list, dict)):
-        for item in output.values() if isinstance(output, dict) else output:
-            yield from _float_tensors(item, depth + 1)
-    elif depth < 4 and hasattr(output, "keys") and hasattr(output, "__getitem__"):   # ModelOutput and kin
-        for key in list(output.keys()):
-            yield from _float_tensors(output[key], depth + 1)
 
 
 def _cache_key(tensor):

@@ -23,6 +23,9 @@ import contextlib
 import functools
 import math
 
+from .nested import float_tensors
+
+
 class FP32:
     """The reference: autocast off, the parameters as they are."""
 
@@ -272,20 +275,13 @@ def _autograd_functions():
 
 
 # ------------------------------------------------------------------ helpers
-def float_leaves(output) -> list:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
 def all_finite(value) -> bool:
     """Whether every floating tensor in `value` is finite: its min and max both are (NaN propagates through
     both). One reduction per tensor, with Python dispatch off for plain tensors (an emulated replay's mode
     would widen each one first): the replay checks every module's output, so this is on its hot path."""
     import torch
 
-    for t in float_leaves(value):
+    for t in float_tensors(value):
         if not t.numel():
             continue
         with torch._C._DisableTorchDispatch() if type(t) is torch.Tensor else contextlib.nullcontext():

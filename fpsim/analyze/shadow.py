@@ -70,7 +70,8 @@ import warnings
 from .evidence import threshold
 from .gradient_error import Reference, flat
 from .limits import LOW_PRECISION_DTYPES, is_low_precision
-from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound, float_leaves
+from .nested import float_tensors, leaves, map_leaves
+from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound
 
 COMMAND_LINE_EVERY = 10
 """How often `fpsim analyze` and `fpsim demo` shadow a step unless told otherwise (--shadow-every 0: value counts
@@ -481,9 +482,9 @@ class ShadowSteps:
             capture.real = None
             return None
         try:
-            leaves = float_leaves(output)
-            capture.grads = [None] * len(leaves)
-            for i, t in enumerate(leaves):
+            outputs = float_tensors(output)
+            capture.grads = [None] * len(outputs)
+            for i, t in enumerate(outputs):
                 if t.requires_grad:
                     capture.handles.append(t.register_hook(self._grad_hook(capture, i)))
             if not capture.handles:
@@ -740,7 +741,7 @@ class ShadowSteps:
                 return None
             if stop is not None and stop():
                 return None
-            pairs = [(o, g) for o, g in zip(float_leaves(out), capture.grads) if g is not None and o.requires_grad]
+            pairs = [(o, g) for o, g in zip(float_tensors(out), capture.grads) if g is not None and o.requires_grad]
             names = list(params)
             result = {}
             for i, s in enumerate(scales):
@@ -768,14 +769,12 @@ class _RunState:
 
         import numpy as np
         import torch
-        from torch.utils._pytree import tree_leaves
-
         self.torch_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
             else None
         self.python_rng, self.numpy_rng = random.getstate(), np.random.get_state()
         self.attributes = [(m, dict(vars(m))) for m in core.modules()]
-        generators = {id(g): g for g in tree_leaves(inputs) if isinstance(g, torch.Generator)}
+        generators = {id(g): g for g in leaves(inputs) if isinstance(g, torch.Generator)}
         generators.update((id(v), v) for _, names in self.attributes for v in names.values()
                           if isinstance(v, torch.Generator))
         self.generators = [(g, g.get_state()) for g in generators.values()]
@@ -878,17 +877,15 @@ def _fresh(tree):
     """`tree` with every tensor copied, detached (an input that requires grad keeps it: reentrant checkpointing
     needs one)."""
     import torch
-    from torch.utils._pytree import tree_map
 
-    return tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor)
-                    else x, tree)
+    return map_leaves(lambda x: x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor)
+                      else x, tree)
 
 
 def _upcast(capture, frozen: dict):
     """The capture with its float16/bfloat16/float64 inputs and buffers in float32 (gradient flags kept), and
     `frozen` (parameters that train not, in float32) among its buffers."""
     import torch
-    from torch.utils._pytree import tree_map
 
     def up(x):
         if isinstance(x, torch.Tensor) and _recast(x.dtype):
@@ -897,7 +894,7 @@ def _upcast(capture, frozen: dict):
 
     buffers = {n: up(b) for n, b in capture.buffers.items()}
     buffers.update(frozen)
-    return dataclasses.replace(capture, args=tree_map(up, capture.args), kwargs=tree_map(up, capture.kwargs),
+    return dataclasses.replace(capture, args=map_leaves(up, capture.args), kwargs=map_leaves(up, capture.kwargs),
                                buffers=buffers)
 
 
@@ -905,9 +902,8 @@ def _halves(capture):
     """Two captures, each with half of the batch (dim 0 of the first tensor input), or None when the batch
     cannot be halved: fewer than 2 samples, or an output gradient that is neither batched nor a scalar."""
     import torch
-    from torch.utils._pytree import tree_leaves, tree_map
 
-    tensors = [t for t in tree_leaves((capture.args, capture.kwargs)) if isinstance(t, torch.Tensor) and t.ndim]
+    tensors = [t for t in leaves((capture.args, capture.kwargs)) if isinstance(t, torch.Tensor) and t.ndim]
     if not tensors or tensors[0].shape[0] < 2:
         return None
     batch = tensors[0].shape[0]
@@ -919,8 +915,8 @@ def _halves(capture):
         def cut(x, part=part):
             return x[part] if isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == batch else x
         grads = [None if g is None else (g[part] if g.ndim else g) for g in capture.grads]
-        out.append(dataclasses.replace(capture, args=tree_map(cut, capture.args), kwargs=tree_map(cut, capture.kwargs),
-                                       grads=grads, handles=[]))
+        out.append(dataclasses.replace(capture, args=map_leaves(cut, capture.args),
+                                       kwargs=map_leaves(cut, capture.kwargs), grads=grads, handles=[]))
     return out
 
 

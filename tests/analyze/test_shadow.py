@@ -10,6 +10,7 @@ be. For the no-change promise: the same run without fpsim, compared bit for bit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import json
 import math
@@ -466,6 +467,53 @@ def test_a_forward_that_sets_its_own_autocast_is_judged_by_its_counts_and_says_w
     assert report.shadow_evidence == {} and report.shadow_summary() is None
     notes = [note for note in report.run["notes"] if "exactly the reference's gradients" in note]
     assert len(notes) == 1 and notes[0].startswith("every fp16 replay")
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    y: torch.Tensor
+
+
+class TakesABatch(nn.Module):
+    """The model of square_loss_steps, fed a dataclass (x, scale) and giving a frozen dataclass, when `wrapped`."""
+
+    def __init__(self, wrapped: bool):
+        super().__init__()
+        self.lin, self.head, self.wrapped = nn.Linear(8, 32), nn.Linear(32, 1), wrapped
+
+    def forward(self, batch):
+        x = batch.x * batch.scale if self.wrapped else batch * 2.0
+        y = self.head(torch.tanh(self.lin(x)))
+        return Prediction(y) if self.wrapped else y
+
+
+def test_inputs_and_outputs_in_dataclasses_are_copied_halved_and_hooked_as_plain_tensors_are():
+    # torch's pytree takes a dataclass for a leaf: a batch passed as one was never halved (no noise floor, the
+    # fallback threshold instead), and an output that is one had no tensor to hook (no step shadowed)
+    def run(wrapped):
+        torch.manual_seed(0)
+        model = TakesABatch(wrapped)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1)
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
+            for _ in range(6):
+                x = torch.randn(16, 8, generator=g)
+                out = model(Batch(x, 2.0) if wrapped else x)
+                loss = (out.y if wrapped else out).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return w.report()
+
+    wrapped, plain = run(True), run(False)
+    assert wrapped.shadow_summary()["steps"] == [0, 1, 2, 3, 4, 5] and wrapped.shadow_summary()["unsplit_steps"] == 0
+    assert wrapped.shadow_evidence == plain.shadow_evidence
 
 
 class DoublesItsInput(nn.Module):
