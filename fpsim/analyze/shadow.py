@@ -63,6 +63,7 @@ reference, evidence.py turns the sums into verdicts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -554,7 +555,7 @@ class ShadowSteps:
         real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True
         try:
-            with torch.enable_grad(), _eager():
+            with torch.enable_grad(), _eager(), _unchecked_reentrant_checkpoints():
                 self._measure(capture, params, device)
         finally:
             self._replaying = False
@@ -823,6 +824,28 @@ def _eager():
 
     set_stance = getattr(torch.compiler, "set_stance", None)
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _unchecked_reentrant_checkpoints():
+    """A context in which a reentrant torch.utils.checkpoint runs its segment as a plain call. The replays ask
+    torch.autograd.grad for the parameters' gradients, which a reentrant checkpoint refuses (it recomputes in
+    backward, outside the replay's parameters); recomputing gives the same values, so the plain call is the
+    same step. Non-reentrant checkpoints (torch's default) replay as they are."""
+    from torch.utils.checkpoint import CheckpointFunction
+
+    def plain(cls, function, preserve_rng_state, *args):
+        return function(*args)
+
+    own = CheckpointFunction.__dict__.get("apply")       # (None: it inherits torch.autograd.Function's)
+    CheckpointFunction.apply = classmethod(plain)
+    try:
+        yield
+    finally:
+        if own is None:
+            del CheckpointFunction.apply
+        else:
+            CheckpointFunction.apply = own
 
 
 def _recast(dtype) -> bool:

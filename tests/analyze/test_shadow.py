@@ -559,36 +559,44 @@ def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_step
 
 
 class Checkpointed(nn.Module):
-    def __init__(self):
+    def __init__(self, reentrant: bool | None):
         super().__init__()
-        self.a = nn.Sequential(nn.Linear(10, 32), nn.ReLU())
-        self.b = nn.Linear(32, 3)
+        self.a = nn.Sequential(nn.Linear(10, 32), nn.Dropout(0.2), nn.ReLU())
+        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+        self.head = nn.Linear(32, 3)
+        self.reentrant = reentrant
 
     def forward(self, x):
-        return self.b(torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=True))
+        h = self.a(x)
+        if self.reentrant is None:
+            return self.head(self.b(h))
+        return self.head(torch.utils.checkpoint.checkpoint(self.b, h, use_reentrant=self.reentrant))
 
 
-def test_a_reentrant_checkpoint_is_not_judged_from_gradients_no_replay_reaches():
-    # reentrant checkpointing recomputes with the module's own parameters, out of the replay's reach: its
-    # layer is not measured (no 100% loss, no fp32 from the shadow), and the run gets no warning from it
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_segment_is_replayed_as_the_same_model_without_checkpointing(reentrant):
+    # a reentrant checkpoint refuses torch.autograd.grad (the replays' backward) when a gradient must pass
+    # through it to earlier layers: the shadow steps stopped with a RuntimeError (transformers' models with
+    # gradient_checkpointing_enable(use_reentrant=True)). The replays now run the segment as a plain call:
+    # the evidence equals that of the model without checkpointing, and the run is unchanged
     import warnings
 
-    torch.manual_seed(0)
-    model = Checkpointed()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    def run(reentrant):
+        torch.manual_seed(0)
+        model = Checkpointed(reentrant)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
         with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
-            for _ in range(5):
-                loss = model(torch.randn(16, 10, generator=g).requires_grad_()).square().mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-    measured = w.shadow.record.to_dict()["layers"]
-    assert "b" in measured and all(fmt.get(0, {}).get("grad_rel_error", 0) < 0.1
-                                   for fmt in measured.get("a.0", {}).get("formats", {}).values())
-    assert w.report().verdict("a.0", "fp16") != "fp32"
+            square_loss_steps(model, optimizer, g, 5, 16)
+        return w, [p.detach().clone() for p in model.parameters()]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        w, params = run(reentrant)
+    plain, plain_params = run(None)
+    assert w.shadow.error is None and all(torch.equal(a, b) for a, b in zip(params, plain_params))
+    assert set(w.report().shadow_evidence) == {"a.0", "b.0", "head"}
+    assert w.report().shadow_evidence == plain.report().shadow_evidence
 
 
 def _shadow_record(replay_reference: bool, decay: float = 0.0, accumulate: int = 1):
