@@ -857,8 +857,10 @@ def _recast(dtype) -> bool:
 
 
 def _fp32(t):
-    """A detached float32 copy of a float16/bfloat16/float64 tensor; other tensors detached as they are."""
-    return t.detach().float() if _recast(t.dtype) else t.detach()
+    """A float32 copy of a parameter (float16/bfloat16/float64 ones cast), detached: a forward that writes into
+    its parameters (Embedding(max_norm=...) renormalises rows in place) writes into the replay's copy, never
+    into the run's parameters."""
+    return t.detach().float() if _recast(t.dtype) else t.detach().clone()
 
 
 def _hook_calls(module, before, after) -> list:

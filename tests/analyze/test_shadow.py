@@ -516,6 +516,35 @@ def test_inputs_and_outputs_in_dataclasses_are_copied_halved_and_hooked_as_plain
     assert wrapped.shadow_evidence == plain.shadow_evidence
 
 
+class RenormalisedEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 16, max_norm=1.0), nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def test_a_forward_that_writes_into_its_parameters_writes_into_the_replays_copies():
+    # Embedding(max_norm=1) renormalises the rows it looks up in place: each replay did it to the run's own
+    # weight (the replays' FP32 parameters were views of it), and training ended elsewhere than unwatched
+    def run(watched):
+        torch.manual_seed(0)
+        model = RenormalisedEmbedding()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext():
+            for _ in range(6):
+                ids = torch.randint(0, 50, (16, 6), generator=g)
+                loss = nn.functional.cross_entropy(model(ids), torch.randint(0, 3, (16,), generator=g))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
+
+
 class DoublesItsInput(nn.Module):
     def __init__(self, in_place: bool):
         super().__init__()
