@@ -648,8 +648,6 @@ class ShadowSteps:
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
         epoch = self.record.turn(lim.name, capture.step)
-        if at1 and all(m is not None and m["rel_error"] == 0 and not m["nonfinite_share"] for m in at1.values()):
-            self._exact_turns[lim.name] = self._exact_turns.get(lim.name, 0) + 1
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
             if scale == 0:
@@ -657,6 +655,8 @@ class ShadowSteps:
             for name, _ in self._groups:
                 if name in by_layer:
                     self.record.add(name, lim.name, scale, by_layer[name], epoch)
+        if at1 and all(m is not None and m["rel_error"] == 0 and not m["nonfinite_share"] for m in at1.values()):
+            self._exact_turns[lim.name] = self._exact_turns.get(lim.name, 0) + 1
         if any(m is not None and not m["nonfinite_share"] and m["rel_error"] > threshold(self.record.mean_floor(name))
                for name, m in at1.items()):
             turns = self._standing_out[lim.name] = self._standing_out.get(lim.name, 0) + 1
@@ -770,6 +770,7 @@ class _RunState:
 
         import numpy as np
         import torch
+
         self.torch_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
             else None
