@@ -199,9 +199,9 @@ def accept(x) -> Accepted:
     same mask, a matrix, an array of the input's array-API library.
     """
     if type(x) is np.ndarray:  # the common case first (each check below costs a call's time)
-        return Accepted(_plain(x), _same)
+        return Accepted(_plain(x), _same if x.flags.c_contiguous else _layout_of(x))
     if is_torch(x):
-        return Accepted(x, _same)
+        return Accepted(x, _same if x.is_contiguous() else _layout_of(x))
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a boolean {x!r}; allowed: {ALLOWED_INPUTS}")
     if isinstance(x, numbers.Integral):
@@ -226,6 +226,24 @@ def accept(x) -> Accepted:
     if hasattr(x, "__array_namespace__") or hasattr(x, "__dlpack__") or hasattr(x, "__array__"):
         return _foreign(x)
     raise TypeError(f"cannot round {type(x).__name__}; allowed: {ALLOWED_INPUTS}")
+
+
+def _layout_of(x):
+    """The give_back of an array or tensor not in row-major order: the result in x's memory layout (a
+    Fortran-ordered array, a channels_last tensor), as numpy's astype and torch's elementwise ops give it;
+    the engine works in row-major order."""
+    def give_back(result):
+        if is_torch(result):
+            out = sys.modules["torch"].empty_like(x, dtype=result.dtype)    # (preserve_format)
+            return result if out.stride() == result.stride() else out.copy_(result)
+        if not isinstance(result, np.ndarray) or result.shape != x.shape:
+            return result
+        out = np.empty_like(x, dtype=result.dtype)                         # (order "K")
+        if out.strides == result.strides:
+            return result
+        out[...] = result
+        return out
+    return give_back
 
 
 def _scalar(result):

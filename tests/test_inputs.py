@@ -376,3 +376,31 @@ def test_clipped_gradient_compares_with_the_format_max_exactly(dtype, fmt, value
     x = torch.tensor([value, 1.0], dtype=getattr(torch, dtype), requires_grad=True)
     quantize(x, fmt, saturate=True, grad="clipped").sum().backward()
     assert x.grad.tolist() == [0.0, 1.0]
+
+
+# ------------------------------------------------------- memory layout
+@pytest.mark.parametrize("name", ["e4m3", "bf16", "fp16"])
+def test_a_fortran_ordered_array_comes_back_in_its_order_as_numpys_astype_gives(name):
+    # the engine works in row-major order: results and codes came back C-ordered whatever the input's order
+    x = np.asfortranarray(np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32) * 8)
+    dtype = {"e4m3": ml_dtypes.float8_e4m3fn, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}[name]
+    values, codes = quantize(x, name), encode(x, name)
+    expected = x.astype(dtype)
+    assert np.array_equal(values, expected.astype(np.float32)) and values.strides == expected.astype(np.float32).strides
+    assert codes.strides == expected.view(f"u{expected.itemsize}").strides
+    assert np.array_equal(codes, expected.view(f"u{expected.itemsize}"))
+
+
+@requires_torch
+@pytest.mark.parametrize("name, dtype", [("e4m3", "float8_e4m3fn"), ("bf16", "bfloat16"), ("fp16", "float16")])
+def test_a_channels_last_or_transposed_tensor_keeps_its_layout_as_torchs_own_cast_does(name, dtype):
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
+              torch.randn(5, 7, generator=g).t()):
+        expected = x.to(getattr(torch, dtype)).to(torch.float32)    # torch's own round trip, preserve_format
+        values = quantize(x.requires_grad_(), name)
+        assert torch.equal(values, expected) and values.stride() == expected.stride()
+        values.sum().backward()                                    # the gradient still goes straight through
+        assert torch.equal(x.grad, torch.ones_like(x))
+        codes = encode(x.detach(), name)
+        assert codes.stride() == expected.stride() and torch.equal(decode(codes, name), expected)
