@@ -35,13 +35,17 @@ class TensorScale:
         self.per_tensor = isinstance(scaling, PER_TENSOR)
         self.used = None                 # the scale the last cast used (per-tensor recipes)
 
-    def cast(self, x):
+    def cast(self, x, again: bool = False):
         """(values as float32, inverse scale or None): FP8 elements and fl32(1 / scale) for a per-tensor
-        recipe; the recipe's dequantised values and None for the others."""
+        recipe; the recipe's dequantised values and None for the others. again: the same cast once more (a
+        forward that activation checkpointing recomputes in backward): the scale the last cast used, and no
+        amax recorded a second time."""
         x = x.detach()
         if not self.per_tensor:
             values = self.scaling.quantize(x, self.state, kind=self.kind)
             return values.to(_FP32), None
+        if self.state is not None and again and self.used is not None:
+            return quantize(x.to(_FP32) * self.used, self.format, saturate=True), torch.reciprocal(self.used)
         if self.state is not None:       # delayed: this cast uses the scale from earlier amaxes
             scale = self.state.scale
             self.scaling.record(self.state, x.abs().amax().float().item(), self.kind)
@@ -81,9 +85,9 @@ class FP8Linear(torch.autograd.Function):
     """y = x W^T + b with FP8 GEMMs (module doc); the output in `out_dtype`."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, layer: FP8Layer, out_dtype):
-        x8, sx = layer.input.cast(x)
-        w8, sw = layer.weight.cast(weight)
+    def forward(ctx, x, weight, bias, layer: FP8Layer, out_dtype, again: bool = False):
+        x8, sx = layer.input.cast(x, again)
+        w8, sw = layer.weight.cast(weight, again)
         rows = x8.reshape(-1, x8.shape[-1])
         y = layer.matmul("fprop", rows, sx, w8.t(), sw, layer.input.format, layer.weight.format)
         if bias is not None:
@@ -108,7 +112,7 @@ class FP8Linear(torch.autograd.Function):
                               layer.input.format).to(w_dtype)
         if b_dtype is not None and ctx.needs_input_grad[2]:
             db = grad_rows.to(_FP32).sum(0).to(b_dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def fp32_gemm(kind, a, b, format_a, format_b):

@@ -29,6 +29,7 @@ import contextlib
 import math
 import numbers
 import sys
+import warnings
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -200,6 +201,14 @@ class Emulation:
         model, selection = self.model, self.selection
         if not self.master_weights and self.low is not None:
             self._round_weights()
+        wide = sorted({name.rpartition(".")[0] or name for name, p in model.named_parameters()
+                       if p.dtype == torch.float64})
+        if wide and self.low is not None:    # autocast casts float32 only: these layers would run as they are
+            note = (f"{', '.join(wide[:5])}{' and others' if len(wide) > 5 else ''} hold float64 parameters, which "
+                    f"torch.autocast (and this emulation of it) leaves in float64: convert the model to float32 "
+                    f"(model.float()) to see {self.name} there")
+            self.notes.append(note)
+            warnings.warn(f"fpsim.emulate: {note}", RuntimeWarning, stacklevel=3)
         if self.low is not None:
             tracer = None
             if selection.kept_ops:
@@ -285,11 +294,19 @@ class Emulation:
         return _to_fp32(output)
 
     def _enter_fp8(self, module, args, kwargs):
-        self._fp8_stack.append(module)
+        mode = None
+        if torch._C._current_graph_task_id() != -1:
+            # a forward that activation checkpointing recomputes in backward, where the block's function mode is
+            # off (each dispatch of the backward call stepped it aside): the layer's own, while it runs
+            mode = _Functions(self)
+            mode.__enter__()
+        self._fp8_stack.append((module, mode))
 
     def _leave_fp8(self, module, args, output):
         if self._fp8_stack:
-            self._fp8_stack.pop()
+            _, mode = self._fp8_stack.pop()
+            if mode is not None:
+                mode.__exit__(None, None, None)
 
     def _unscale(self, grad):
         return grad * (1.0 / self.loss_scale) if self._scaling else None
@@ -350,7 +367,7 @@ class Emulation:
 
     def linear(self, func, args, kwargs):
         """F.linear: an FP8 layer's GEMMs, when called by an FP8 nn.Linear with its own weight."""
-        module = self._fp8_stack[-1] if self._fp8_stack else None
+        module = self._fp8_stack[-1][0] if self._fp8_stack else None
         names = ("input", "weight", "bias")
         bound = dict(zip(names, args), **kwargs)
         if module is None or bound.get("weight") is not module.weight:
@@ -359,8 +376,9 @@ class Emulation:
         x = bound["input"]
         on = torch.is_autocast_enabled(self.device_type)
         out_dtype = torch.get_autocast_dtype(self.device_type) if on else x.dtype
+        again = torch._C._current_graph_task_id() != -1     # recomputed in backward: the same casts again
         with torch.autocast(self.device_type, enabled=False):
-            return FP8Linear.apply(x, bound["weight"], bound.get("bias"), layer, out_dtype)
+            return FP8Linear.apply(x, bound["weight"], bound.get("bias"), layer, out_dtype, again)
 
 
 class _Functions(TorchFunctionMode):

@@ -220,3 +220,48 @@ def test_per_channel_scaling_scales_each_weight_row_by_its_own_amax():
         y = layer(x)
     one = 128 * 3.3 / 448
     assert y.tolist()[0] == pytest.approx([one * 0.5 + 3.3 * 0.25, one * 3.3 + 3.3 * one], rel=1e-6)
+
+
+class _Checkpointed(torch.nn.Module):
+    """Two Linear+GELU blocks and a head; the second block under torch.utils.checkpoint (reentrant or not) or
+    run plainly (None)."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+        self.b = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+        self.head = torch.nn.Linear(16, 3)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.reentrant is None:
+            return self.head(self.b(h))
+        return self.head(torch.utils.checkpoint.checkpoint(self.b, h, use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "fp8-current", "mxfp8"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_block_trains_as_the_same_model_without_checkpointing(recipe, reentrant):
+    # the forward that checkpointing recomputes in backward ran its FP8 layers as plain FP32 linears: the
+    # non-reentrant checkpoint raised CheckpointError (5 tensors saved in the forward, 3 in the recomputation),
+    # the reentrant one silently computed the block's gradients without FP8. Recomputed, an FP8 layer casts
+    # again with the scales of its forward (no amax recorded twice): the run equals the plain model's
+    def train(reentrant):
+        torch.manual_seed(0)
+        model = _Checkpointed(reentrant)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        with fpsim.emulate(model, recipe) as em:
+            for _ in range(4):
+                loss = torch.nn.functional.cross_entropy(model(torch.randn(16, 16, generator=g).requires_grad_()),
+                                                         torch.randint(0, 3, (16,), generator=g))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return em.losses, [p.detach().clone() for p in model.parameters()], \
+            {name: layer.input.history for name, layer in em.fp8_layers.items()}
+
+    plain, checkpointed = train(None), train(reentrant)
+    assert checkpointed[0] == plain[0] and checkpointed[2] == plain[2]
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], checkpointed[1]))

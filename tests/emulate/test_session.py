@@ -583,3 +583,27 @@ def test_the_summary_says_what_ran_how():
     layer = summary["fp8_layers"]["h.0.mlp.c_fc"]
     assert layer["grad_output"]["format"] == "e5m2"
     assert layer["input"]["scale"] == em.fp8_layers["h.0.mlp.c_fc"].input.used.item()
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp16"])
+def test_a_float64_model_says_that_autocast_leaves_it_as_it_is(recipe):
+    # torch.autocast casts float32 only: a float64 model ran under emulate("bf16") exactly as without it,
+    # silently. It still does (as real autocast would), and now says so, with the way out
+    def run(emulate):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        with fpsim.emulate(model, recipe) if emulate else contextlib.nullcontext() as em:
+            for _ in range(3):
+                loss = model(torch.randn(4, 8, generator=g, dtype=torch.float64)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return [p.detach().clone() for p in model.parameters()], em
+
+    plain, _ = run(False)
+    with pytest.warns(RuntimeWarning, match="float64 parameters"):
+        emulated_params, em = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, emulated_params))
+    assert len(em.notes) == 1 and em.notes[0].startswith("0, 2 hold float64 parameters") and "model.float()" in em.notes[0]
