@@ -115,6 +115,31 @@ class IdentityMap:
         return len(self._entries)
 
 
+class ModuleHook:
+    """A hook fpsim puts on the user's module, calling `fn`. A copy of the module (copy.deepcopy: an EMA model,
+    the best model so far) or a pickle of it (torch.save(model)) gets an InertHook in its place: the copy is
+    not the module observed or emulated, and fpsim's state (thread-local flags, dispatch modes, which cannot
+    be copied) does not travel with it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return InertHook, ()
+
+
+class InertHook:
+    """What a copy of a module holds in place of fpsim's hook: a hook that does nothing."""
+
+    def __call__(self, *args):
+        return None
+
+
 def _strip(name: str) -> str:
     for prefix in _WRAPPED_PREFIXES:
         name = name.replace(prefix, "")

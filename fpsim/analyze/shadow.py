@@ -68,6 +68,7 @@ import dataclasses
 import math
 import warnings
 
+from ..trace import ModuleHook
 from .evidence import threshold
 from .gradient_error import Reference, flat
 from .limits import LOW_PRECISION_DTYPES, is_low_precision
@@ -865,33 +866,9 @@ def _fp32(t):
 
 
 def _hook_calls(module, before, after) -> list:
-    """Forward pre- and post-hooks (with kwargs) on the user's `module`, as _ModuleHooks; their handles."""
-    return [module.register_forward_pre_hook(_ModuleHook(before), with_kwargs=True),
-            module.register_forward_hook(_ModuleHook(after), with_kwargs=True)]
-
-
-class _ModuleHook:
-    """A hook on the user's module that calls `fn`. A copy of the module (copy.deepcopy: an EMA model, the best
-    model so far) or a pickle of it (torch.save(model)) gets an inert hook in its place: the copy is not the
-    watched model, and fpsim's state (thread-local flags, the capture) does not travel with it."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def __reduce__(self):
-        return _InertHook, ()
-
-
-class _InertHook:
-    """What a copy of a watched module holds in place of fpsim's hook: a hook that does nothing."""
-
-    def __call__(self, *args):
-        return None
+    """Forward pre- and post-hooks (with kwargs) on the user's `module`, as ModuleHooks; their handles."""
+    return [module.register_forward_pre_hook(ModuleHook(before), with_kwargs=True),
+            module.register_forward_hook(ModuleHook(after), with_kwargs=True)]
 
 
 def _versions(core) -> list:

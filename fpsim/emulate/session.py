@@ -35,7 +35,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from ..trace import OUTSIDE, Tracer
+from ..trace import OUTSIDE, ModuleHook, Tracer
 from . import recipes
 from .autocast import PolicyKernels
 from .compute import FP32Compute
@@ -243,8 +243,8 @@ class Emulation:
 
     @staticmethod
     def _hook(stack, module, before, after):
-        stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
-        stack.callback(module.register_forward_hook(after, always_call=True).remove)
+        stack.callback(module.register_forward_pre_hook(ModuleHook(before), with_kwargs=True).remove)
+        stack.callback(module.register_forward_hook(ModuleHook(after), always_call=True).remove)
 
     # ------------------------------------------------------------------ hooks
     def _push_autocast(self, enabled: bool, call, step: bool = False):

@@ -607,3 +607,38 @@ def test_a_float64_model_says_that_autocast_leaves_it_as_it_is(recipe):
         emulated_params, em = run(True)
     assert all(torch.equal(a, b) for a, b in zip(plain, emulated_params))
     assert len(em.notes) == 1 and em.notes[0].startswith("0, 2 hold float64 parameters") and "model.float()" in em.notes[0]
+
+
+@pytest.mark.parametrize("recipe, options", [("fp16", {"keep": ["1"]}), ("fp8", {}), ("bf16", {"layers": ["0"]})])
+def test_a_model_copied_or_saved_whole_inside_the_block_trains_on_and_its_copies_compute_as_it_does(recipe, options):
+    # the block's module hooks held its state: copy.deepcopy(model) raised "cannot pickle
+    # 'torch._C._DispatchModule' object" and torch.save(model) a RuntimeError. Copies now hold inert hooks
+    import copy
+    import io
+
+    def run(copies: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        saved = []
+        with fpsim.emulate(model, recipe, **options) as em:
+            for _ in range(3):
+                loss = model(torch.randn(16, 4, generator=g)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if copies:
+                    buffer = io.BytesIO()
+                    torch.save(model, buffer)
+                    saved.append((copy.deepcopy(model), buffer))
+        return model, em.losses, saved
+
+    plain, plain_losses, _ = run(False)
+    model, losses, saved = run(True)
+    assert losses == plain_losses
+    best, buffer = saved[-1]
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    x = torch.randn(5, 4)
+    assert torch.equal(best(x), model(x)) and torch.equal(loaded(x), model(x))
