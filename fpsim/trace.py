@@ -51,6 +51,7 @@ floating outputs, those its meta kernel keeps in float32 for float16 inputs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import weakref
 
@@ -115,19 +116,14 @@ class IdentityMap:
         return len(self._entries)
 
 
-class ModuleHook:
-    """A hook fpsim puts on the user's module, calling `fn`. A copy of the module (copy.deepcopy: an EMA model,
-    the best model so far) or a pickle of it (torch.save(model)) gets an InertHook in its place: the copy is
-    not the module observed or emulated, and fpsim's state (thread-local flags, dispatch modes, which cannot
-    be copied) does not travel with it."""
+class ModuleHook(functools.partial):
+    """A hook fpsim puts on the user's module: ModuleHook(fn) calls fn, with no frame of its own between
+    (a partial: the emulation's hooks find the module's call as their caller's frame). A copy of the module
+    (copy.deepcopy: an EMA model, the best model so far) or a pickle of it (torch.save(model)) gets an
+    InertHook in its place: the copy is not the module observed or emulated, and fpsim's state
+    (thread-local flags, dispatch modes, which cannot be copied) does not travel with it."""
 
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        return self.fn(*args)
+    __slots__ = ()
 
     def __reduce__(self):
         return InertHook, ()
