@@ -313,6 +313,24 @@ class Emulation:
 
     def _before_step(self, optimizer, args, kwargs):
         self._push_autocast(False, sys._getframe(1), step=True)
+        # the loop's forward and backward run inside step(closure) (LBFGS, Lightning's automatic optimisation):
+        # the closure runs as the loop outside a step would, the optimizer's own arithmetic as before
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._as_outside_step(kwargs["closure"])}
+        at = 1 if args and args[0] is optimizer else 0      # (torch hands the hook step's own args, self first)
+        if len(args) > at and callable(args[at]):
+            return (*args[:at], self._as_outside_step(args[at]), *args[at + 1:]), kwargs
+        return None
+
+    def _as_outside_step(self, closure):
+        """`closure` under the block's own autocast (off inside an optimizer step)."""
+        def run():
+            if self.low is None:
+                return closure()
+            with torch.autocast(self.device_type, dtype=self.low, enabled=self.selection.layers is None,
+                                cache_enabled=False):
+                return closure()
+        return run
 
     def _after_step(self, optimizer, args, kwargs):
         self._pop_autocast(sys._getframe(1))

@@ -642,3 +642,40 @@ def test_a_model_copied_or_saved_whole_inside_the_block_trains_on_and_its_copies
     loaded = torch.load(buffer, weights_only=False)
     x = torch.randn(5, 4)
     assert torch.equal(best(x), model(x)) and torch.equal(loaded(x), model(x))
+
+
+def _closure_steps(model, cfg, steps: int, forward_context=contextlib.nullcontext):
+    """`steps` AdamW steps whose forward and backward run inside optimizer.step(closure), as LBFGS and
+    Lightning's automatic optimisation run them: [(loss, {name: grad})] per step, as `train` gives them."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    records = []
+    for x, y in token_batches(cfg, 2, steps, seed=1):
+        def closure():
+            optimizer.zero_grad()
+            with forward_context():
+                _, loss = model(x, y)
+            loss.backward()
+            return loss
+        loss = optimizer.step(closure)
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        records.append((loss.detach().clone(), grads))
+    return records
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_closure_step_is_emulated_as_the_same_loop_without_a_closure(fmt):
+    # the emulation switches autocast off inside optimizer.step(), so a forward run by the closure inside it ran in
+    # FP32: emulate("fp16") around Lightning's automatic optimisation trained bit for bit as FP32. The closure now
+    # runs under the block's autocast: its steps equal those of the same loop calling step() after backward,
+    # step by step, and its first step equals real CPU autocast's, bit for bit
+    cfg = TINY[fmt]
+    model = gpt(cfg)
+    emulated_model = twin(model)
+    with fpsim.emulate(emulated_model, fmt, policy="cpu") as em:
+        got = _closure_steps(emulated_model, cfg, 4)
+    loop, _ = emulated(twin(model), cfg, 4, fmt, policy="cpu")
+    assert_same_steps(got, loop)
+    assert_same_steps(got[:1], _closure_steps(twin(model), cfg, 4, real_autocast(fmt))[:1])
+    assert em.steps == 4 and em.losses == [loss.item() for loss, _ in got]
+    fp32 = _closure_steps(twin(model), cfg, 4)
+    assert [loss.item() for loss, _ in fp32] != em.losses
