@@ -218,8 +218,7 @@ class Emulation:
                 stack.callback(tracer.close)
             stack.enter_context(PolicyKernels(self.policy, self.device_type, self.low, selection.kept_ops,
                                               tracer.current_module if tracer else None))
-            stack.enter_context(torch.autocast(self.device_type, dtype=self.low, enabled=selection.layers is None,
-                                               cache_enabled=False))
+            stack.enter_context(self._block_autocast())
         stack.callback(self._drain)          # before the block's own autocast exits
         if self.low is not None or self._gemm is not None:
             self._compute = FP32Compute(self._gemm)
@@ -325,12 +324,15 @@ class Emulation:
     def _as_outside_step(self, closure):
         """`closure` under the block's own autocast (off inside an optimizer step)."""
         def run():
-            if self.low is None:
-                return closure()
-            with torch.autocast(self.device_type, dtype=self.low, enabled=self.selection.layers is None,
-                                cache_enabled=False):
+            with self._block_autocast() if self.low is not None else contextlib.nullcontext():
                 return closure()
         return run
+
+    def _block_autocast(self):
+        """The autocast the block runs the loop under: the recipe's format, everywhere unless `layers` names
+        the modules that run in it."""
+        return torch.autocast(self.device_type, dtype=self.low, enabled=self.selection.layers is None,
+                              cache_enabled=False)
 
     def _after_step(self, optimizer, args, kwargs):
         self._pop_autocast(sys._getframe(1))
