@@ -590,9 +590,13 @@ def _steps_aside_in_backward(tracer, on: bool) -> None:
 
 def _run_backward_aside(*args, **kwargs):
     """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top), and
-    each enlisted tracer told when it ends (Tracer.backward_done)."""
+    each enlisted tracer told when it ends (Tracer.backward_done). torch.compile's own engine runs (AOTAutograd
+    tracing a backward graph on fake tensors, on a compile that misses its cache) are not the run's: they pass."""
+    import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+    if torch.compiler.is_compiling():
+        return _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
     popped = []
     for tracer in reversed(_BACKWARD_ASIDE):
         mode = tracer._mode

@@ -387,7 +387,9 @@ def _train_compiled(watched: str | None):
     if watched == "wrapper":
         w = watch(compiled, formats=("fp16",), shadow_every=1).attach()
     frames = torch._dynamo.utils.counters["frames"]["ok"]
-    with contextlib.suppress(UserWarning) if watched else contextlib.nullcontext():
+    # with no cache to hit, as on a fresh machine, the compile traces the backward through torch.autograd.grad
+    with torch._inductor.config.patch(force_disable_caches=True), \
+            contextlib.suppress(UserWarning) if watched else contextlib.nullcontext():
         for _ in range(4):
             loss = compiled(torch.randn(16, 8, generator=g)).square().mean()
             optimizer.zero_grad()
