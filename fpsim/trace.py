@@ -271,6 +271,20 @@ def _low_precision_outputs(func, args, kwargs, outputs: list) -> list:
     return [t for t, stays_wide in zip(outputs, wide) if not stays_wide]
 
 
+def never_compiled(function):
+    """`function` (a mode's handler), whose frames torch.compile leaves alone, with every frame it calls: run
+    under a compiled caller, Dynamo would compile the handler anew for each op (recompiling to its limit, with
+    warnings), and torch._dynamo.disable's wrapper would cost each op its context switch. A torch without
+    per-code strategies (before 2.6) gets the function as it is."""
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return function
+    set_code_exec_strategy(function.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    return function
+
+
 def to_meta(x, floating=None):
     """x (tensors in lists, tuples and dicts) as meta tensors of the same shapes and strides, for asking an
     op's meta kernel about its outputs; floating: the dtype given to floating tensors (None: theirs)."""
@@ -320,8 +334,9 @@ def _make_mode_class():
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
-            return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
+            return False   # the handler never compiles (never_compiled): spare each op torch._dynamo.disable's wrapper
 
+        @never_compiled
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func._op(*args, **kwargs) if kwargs else func._op(*args)   # what func(...) calls
             return self.tracer._on_op(func, out, args, kwargs)

@@ -35,7 +35,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from ..trace import OUTSIDE, ModuleHook, Tracer
+from ..trace import OUTSIDE, ModuleHook, Tracer, never_compiled
 from . import recipes
 from .autocast import PolicyKernels
 from .compute import FP32Compute
@@ -413,6 +413,7 @@ class _Functions(TorchFunctionMode):
         self.device_type = emulation.device_type
         self.emulation = emulation
 
+    @never_compiled
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.emulation._autocast_stack:
             self.emulation._settle()

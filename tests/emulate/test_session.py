@@ -679,3 +679,48 @@ def test_a_closure_step_is_emulated_as_the_same_loop_without_a_closure(fmt):
     assert em.steps == 4 and em.losses == [loss.item() for loss, _ in got]
     fp32 = _closure_steps(twin(model), cfg, 4)
     assert [loss.item() for loss, _ in fp32] != em.losses
+
+
+def test_a_compiled_model_is_emulated_as_the_eager_one_and_fpsims_handlers_are_not_compiled():
+    # under a torch.compile'd model Dynamo compiled the emulation's op handler anew for each op (22 frames for 3
+    # steps of a 2-layer MLP, recompiling to its limit with warnings; 17 s against 4 s). The handlers now tell
+    # Dynamo to leave them alone: no more frames compiled than the plain compiled run, and the steps are those
+    # of the eager model emulated, bit for bit
+    import copy
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g)) for _ in range(3)]
+
+    def steps(model):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for x, y in batches:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        return losses
+
+    def frames():
+        return torch._dynamo.utils.counters["frames"]["ok"]
+
+    eager = copy.deepcopy(base)
+    with fpsim.emulate(eager, "bf16"):
+        want = steps(eager)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch._dynamo.reset()
+        before = frames()
+        fp32 = steps(torch.compile(copy.deepcopy(base)))
+        plain_frames = frames() - before
+        torch._dynamo.reset()
+        before = frames()
+        compiled = torch.compile(copy.deepcopy(base))
+        with fpsim.emulate(compiled, "bf16"):
+            got = steps(compiled)
+        emulated_frames = frames() - before
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not all(map(torch.equal, got, fp32))
+    assert emulated_frames <= plain_frames
