@@ -298,6 +298,7 @@ class ShadowSteps:
         self.halving_error = None             # why a replay of half the batch failed (then no more halves)
         self._exact_turns: dict = {}          # format -> its turns whose gradients equalled the reference exactly
         self.upcast: set = set()              # the dtypes of the model's parameters that were replayed in FP32
+        self.kept_dtypes: set = set()         # those of parameters beside FP32 ones, replayed in their own dtype
 
     @property
     def numerics(self) -> str:
@@ -406,6 +407,10 @@ class ShadowSteps:
             out.append(f"the model's parameters are {' and '.join(sorted(self.upcast))}: the shadow steps replay it "
                        f"with parameters, inputs and buffers in FP32 (the reference, and each format as a "
                        f"mixed-precision run of the same model computes it), not in the run's own arithmetic")
+        if self.kept_dtypes:
+            out.append(f"the model mixes {' and '.join(sorted(self.kept_dtypes))} parameters with float32 ones: the "
+                       f"shadow steps replay it in its own dtypes (the FP32 reference computes those parameters' "
+                       f"layers as the run does)")
         if self.halving_error is not None:
             out.append(f"the replay of half a batch failed ({self.halving_error}; the model keeps state shaped by the "
                        f"full batch?): no noise floor from {self.record.unsplit_steps} shadowed steps, the formats "
@@ -543,15 +548,20 @@ class ShadowSteps:
         import torch
 
         named = list(self.core.named_parameters())
-        params = {n: _fp32(p).requires_grad_(True) for n, p in named if p.requires_grad}
+        others = {str(p.dtype).removeprefix("torch.") for _, p in named if _recast(p.dtype)}
+        # a model wholly in FP16/BF16 (pure low-precision training) or FP64 (which autocast leaves as it is) is
+        # replayed in FP32, as for AMP; one that mixes them with FP32 parameters (a frozen BF16 part beside FP32
+        # layers, cast to by its own forward) in its own dtypes
+        whole = bool(others) and all(_recast(p.dtype) for _, p in named if p.is_floating_point())
+        params = {n: (_fp32(p) if whole else p.detach().clone()).requires_grad_(True) for n, p in named
+                  if p.requires_grad}
         if not params:
             return
-        recast = {str(p.dtype).removeprefix("torch.") for _, p in named if _recast(p.dtype)}
-        if recast:
-            # FP16/BF16 parameters (pure low-precision training), FP64 ones (autocast leaves float64 as it is): the
-            # replays run the model in FP32, as for AMP
-            self.upcast |= recast
+        if whole:
+            self.upcast |= others
             capture = _upcast(capture, {n: p.detach().float() for n, p in named if not p.requires_grad})
+        else:
+            self.kept_dtypes |= others
         device = next(iter(params.values())).device.type
         real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True

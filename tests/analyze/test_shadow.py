@@ -335,6 +335,41 @@ def test_a_model_in_low_precision_is_replayed_as_the_same_model_in_fp32(dtype):
     assert not any("in FP32 (the reference" in note for note in fp32.run["notes"])
 
 
+class FrozenBF16Trunk(nn.Module):
+    """A frozen BF16 trunk (its forward casts into it) under trainable FP32 layers, as when fine-tuning."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(8, 32).to(torch.bfloat16).requires_grad_(False)
+        self.head = nn.Sequential(nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.head(self.trunk(x.bfloat16()).float())
+
+
+def test_a_model_mixing_bf16_and_fp32_parameters_is_replayed_in_its_own_dtypes():
+    # a frozen BF16 trunk beside FP32 layers: the replays cast every parameter to FP32, the forward's own cast
+    # to BF16 then met an FP32 weight ("mat1 and mat2 must have the same dtype") and the shadow steps stopped at
+    # step 0. The model now replays in its own dtypes: every step shadowed, the FP32 reference replay equals
+    # the real backward's gradients, training unchanged
+    def run(watched):
+        torch.manual_seed(0)
+        model = FrozenBF16Trunk()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
+            square_loss_steps(model, optimizer, g, 4, 16)
+        return [p.detach().clone() for p in model.parameters()], w
+
+    plain, _ = run(False)
+    trained, w = run(True)
+    report = w.report()
+    assert all(torch.equal(a, b) for a, b in zip(plain, trained))
+    assert w.shadow.error is None and report.shadow_summary()["steps"] == [0, 1, 2, 3] and w.shadow._real_matches
+    assert report.shadow_evidence["head.1"]["fp16"]["grad_rel_error"] > 0
+    assert any(note.startswith("the model mixes bfloat16 parameters with float32 ones") for note in report.run["notes"])
+
+
 class CompiledBody(nn.Module):
     def __init__(self):
         super().__init__()
