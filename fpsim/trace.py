@@ -276,12 +276,11 @@ def never_compiled(function):
     under a compiled caller, Dynamo would compile the handler anew for each op (recompiling to its limit, with
     warnings), and torch._dynamo.disable's wrapper would cost each op its context switch. A torch without
     per-code strategies (before 2.6) gets the function as it is."""
-    try:
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    try:     # (torch's C names: importing torch._dynamo for them would cost a second)
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
     except ImportError:
         return function
-    set_code_exec_strategy(function.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     return function
 
 
