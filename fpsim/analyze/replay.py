@@ -8,10 +8,10 @@ same ops in the low format, the same tensors saved for backward) and computes
 every op on FP16/BF16 tensors in FP32, rounding each result once to its dtype
 (`fpsim.emulate.compute.FP32Compute`, forward and backward): what a GPU
 kernel does, at about FP32's cost. `FakeQuant` runs FP32 arithmetic
-with every GEMM module's (Linear, Conv, Bilinear) input and weight, and the
-gradient arriving at its output, fake-quantised in a per-tensor-scaled format
-with a current scale (max / amax, as fpsim.recipes.CurrentScaling) and a
-straight-through gradient. `Autocast` and `FakeQuant` watch every module of
+with the operands of every matrix product (F.linear, the convolutions,
+F.bilinear, wherever they are called), and the gradient arriving at its
+output, fake-quantised in a per-tensor-scaled format with a current scale
+(max / amax, as fpsim.recipes.CurrentScaling) and a straight-through gradient. `Autocast` and `FakeQuant` watch every module of
 the root for overflow sources (an output non-finite from finite inputs: the
 innermost such module, recorded in `found`) and run the modules in `keep`
 outside autocast, their floating inputs cast to FP32.
@@ -177,42 +177,56 @@ class _PythonDispatch:
         return False
 
 
-GEMM_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Bilinear")
-
-
 class FakeQuant(Replay):
-    """FP32 arithmetic with each GEMM module's input, weight and output gradient fake-quantised in `lim`'s
-    format with a current per-tensor scale."""
+    """FP32 arithmetic with each matrix product of the forward taking its operands fake-quantised in `lim`'s
+    format with current per-tensor scales, and the gradient of its output too (_QuantizedProducts): the
+    products are F.linear, the convolutions and F.bilinear, found where they are called, so that nn.Linear and
+    nn.Conv*d, their subclasses, parametrized weights (weight_norm), a weight tied to another module's and a
+    functional call alike take part; none inside a module kept in FP32."""
 
     def __init__(self, core, module_names, lim, keep, found):
         super().__init__(core, module_names, keep, found)
         self.lim = lim
 
-    def parameters(self, params: dict) -> dict:
-        out = dict(params)
-        for qual, module in self.core.named_modules():
-            if type(module).__name__ in GEMM_TYPES and module not in self.keep:
-                key = f"{qual}.weight" if qual else "weight"
-                if key in out:
-                    out[key] = _quantize(out[key], self.lim)
-        return out
+    def arithmetic(self):
+        return _quantized_products()(self)
 
-    def _pre(self, module, args):
-        import torch
+    @property
+    def in_kept_module(self) -> bool:
+        return bool(self._inner)     # (a kept module's autocast-off context, from its pre-hook to its post-hook)
 
-        if type(module).__name__ in GEMM_TYPES and module not in self.keep:
-            return tuple(_quantize(a, self.lim) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                         for a in args)
-        return None
 
-    def _post(self, module, args, output):
-        import torch
+@functools.cache
+def _quantized_products():
+    """The TorchFunctionMode of FakeQuant (made on first use: torch loads late): a product's floating operands
+    (by position or name) fake-quantised, its output's gradient too."""
+    import torch
+    from torch.overrides import TorchFunctionMode
 
-        super()._post(module, args, output)
-        if type(module).__name__ in GEMM_TYPES and module not in self.keep and isinstance(output, torch.Tensor) \
-                and output.requires_grad:
-            return _quantize_gradient(output, self.lim)
-        return None
+    functional = torch.nn.functional
+    operands = {functional.linear: ("input", "weight"), functional.bilinear: ("input1", "input2", "weight"),
+                **{conv: ("input", "weight") for conv in (functional.conv1d, functional.conv2d, functional.conv3d)}}
+
+    def quantized(x, lim):
+        return _quantize(x, lim) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    class QuantizedProducts(TorchFunctionMode):
+        def __init__(self, replay):
+            super().__init__()
+            self.replay = replay
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            names = operands.get(func)
+            if names is None or self.replay.in_kept_module:
+                return func(*args, **kwargs)
+            lim = self.replay.lim
+            args = tuple(quantized(a, lim) if i < len(names) else a for i, a in enumerate(args))
+            kwargs = {k: quantized(v, lim) if k in names else v for k, v in kwargs.items()}
+            out = func(*args, **kwargs)
+            return _quantize_gradient(out, lim) if isinstance(out, torch.Tensor) and out.requires_grad else out
+
+    return QuantizedProducts
 
 
 def _quantize(x, lim):

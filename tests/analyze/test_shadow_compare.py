@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from fpsim.analyze import gradient_error
 from fpsim.analyze.replay import all_finite
@@ -140,3 +141,81 @@ def test_fake_quantisation_is_a_current_scaled_cast_with_a_straight_through_grad
         upstream = torch.randn(x.shape, generator=g) * 1e-20
         _quantize_gradient(y, lim).backward(upstream)
         assert torch.equal(y.grad, expected(upstream))
+
+
+class CastedLinear(nn.Linear):
+    """A Linear of one's own (modded-nanoGPT's kind): a subclass whose forward calls F.linear itself."""
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight.float())
+
+
+class TwoProducts(nn.Module):
+    """x -> first (a Linear) -> a second product: a Linear subclass, a Linear whose weight is an Embedding's
+    (tied, as a GPT's head), a Linear under weight_norm, or F.linear called in the forward on a parameter of
+    the model's own."""
+
+    def __init__(self, second: str):
+        super().__init__()
+        self.kind = second
+        self.first = nn.Linear(8, 16, bias=False)
+        if second == "subclass":
+            self.second = CastedLinear(16, 4, bias=False)
+        elif second == "tied":
+            self.table = nn.Embedding(4, 16)
+            self.second = nn.Linear(16, 4, bias=False)
+            self.second.weight = self.table.weight
+        elif second == "parametrized":
+            self.second = nn.utils.parametrizations.weight_norm(nn.Linear(16, 4, bias=False))
+        else:
+            self.weight = nn.Parameter(torch.randn(4, 16) / 4)
+
+    def forward(self, x):
+        h = self.first(x)
+        return nn.functional.linear(h, self.weight) if self.kind == "functional" else self.second(h)
+
+
+@pytest.mark.parametrize("second", ["subclass", "tied", "parametrized", "functional"])
+def test_fp8_replays_fake_quantise_every_matrix_product_wherever_its_weight_lives(second):
+    """The E4M3 shadow step's gradient errors against a computation by hand with ml_dtypes' casts (current
+    scaling, straight-through): out = Q(Q(x) Q(W1)^T) Q(W2)^T with Q(G) arriving at out, so dW2 = Q(G)^T Q(h)
+    and dW1 = Q(Q(G) Q(W2))^T Q(x). The replays fake-quantised the operands of Linear modules found by type
+    name, with the weights taken from the parameters by the module's name: a Linear subclass and a product
+    called in a forward went unquantised, a tied weight (a GPT's head) and one computed by a parametrization
+    entered their products in FP32. (The parametrization's own parameters are not worked out here.)"""
+    import ml_dtypes
+    import numpy as np
+
+    from fpsim.analyze import watch
+
+    def q(a):
+        s = np.float32(448.0 / np.abs(a).max())
+        return (a * s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / s
+
+    torch.manual_seed(0)
+    model = TwoProducts(second)
+    g = torch.Generator().manual_seed(1)
+    x, upstream = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with watch(model, formats=("e4m3",), shadow_every=1) as w:
+        for _ in range(4):
+            loss = (model(x) * upstream).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    evidence = w.report().shadow_evidence
+    second_layer = {"subclass": "second", "tied": "table", "parametrized": None, "functional": "TwoProducts"}[second]
+
+    xs, gs = x.numpy().astype(np.float64), upstream.numpy().astype(np.float64)
+    w1 = model.first.weight.detach().numpy().astype(np.float64)
+    w2 = (model.weight if second == "functional" else model.second.weight).detach().numpy().astype(np.float64)
+    h = xs @ w1.T
+    exact = {"first": (gs @ w2).T @ xs, second_layer: gs.T @ h}
+    hq = q(x.numpy()).astype(np.float64) @ q(w1.astype(np.float32)).T.astype(np.float64)
+    gq = q(upstream.numpy()).astype(np.float64)
+    dh = gq @ q(w2.astype(np.float32)).astype(np.float64)
+    fake = {"first": q(dh.astype(np.float32)).T.astype(np.float64) @ q(x.numpy()).astype(np.float64),
+            second_layer: gq.T @ q(hq.astype(np.float32)).astype(np.float64)}
+    for layer in ("first", second_layer) if second_layer else ("first",):
+        want = np.linalg.norm(fake[layer] - exact[layer]) / np.linalg.norm(exact[layer])
+        assert evidence[layer]["e4m3"]["grad_rel_error"] == pytest.approx(want, rel=1e-3), layer
