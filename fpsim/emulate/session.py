@@ -390,7 +390,7 @@ class Emulation:
         module = self._fp8_stack[-1][0] if self._fp8_stack else None
         names = ("input", "weight", "bias")
         bound = dict(zip(names, args), **kwargs)
-        if module is None or bound.get("weight") is not module.weight:
+        if module is None or not _own_weight(module, bound.get("weight")):
             return func(*args, **kwargs)
         layer = self._fp8_of[module]
         x = bound["input"]
@@ -399,6 +399,14 @@ class Emulation:
         again = torch._C._current_graph_task_id() != -1     # recomputed in backward: the same casts again
         with torch.autocast(self.device_type, enabled=False):
             return FP8Linear.apply(x, bound["weight"], bound.get("bias"), layer, out_dtype, again)
+
+
+def _own_weight(module, weight) -> bool:
+    """Whether `weight` is the Linear's own: the parameter itself, or, where a parametrization computes it
+    (weight_norm, spectral_norm: a new tensor at each access), a weight of its shape."""
+    if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+        return isinstance(weight, torch.Tensor) and weight.shape == (module.out_features, module.in_features)
+    return weight is module.weight
 
 
 class _Functions(TorchFunctionMode):

@@ -222,6 +222,31 @@ def test_per_channel_scaling_scales_each_weight_row_by_its_own_amax():
     assert y.tolist()[0] == pytest.approx([one * 0.5 + 3.3 * 0.25, one * 3.3 + 3.3 * one], rel=1e-6)
 
 
+def test_a_linear_under_weight_norm_runs_its_gemm_in_fp8():
+    """weight_norm computes a new weight tensor at each access, and the FP8 layer took only an F.linear whose
+    weight was the module's parameter itself: the layer ran in FP32 while listed among the FP8 layers (its
+    scales None). Against ml_dtypes' E4M3 cast with current scaling (s = 448 / amax), by hand."""
+    import ml_dtypes
+    import numpy as np
+
+    layer = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(2, 2, bias=False))
+    v = torch.tensor([[0.5, 0.25], [3.3, 1.0]])
+    with torch.no_grad():
+        layer.parametrizations.weight.original1.copy_(v)
+        layer.parametrizations.weight.original0.copy_(v.norm(dim=1, keepdim=True))
+    x = torch.tensor([[1.0, 3.3]])
+    with fpsim.emulate(layer, FP8Recipe(CurrentScaling("e4m3"), base="fp32")):
+        y = layer(x)
+
+    def q(a):
+        s = np.float32(448.0 / np.abs(a).max())
+        return (a * s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / s
+
+    w = layer.weight.detach().numpy()
+    assert y.detach().numpy() == pytest.approx(q(x.numpy()) @ q(w).T, rel=1e-6)
+    assert not np.allclose(y.detach().numpy(), x.numpy() @ w.T, rtol=1e-3)
+
+
 class _Checkpointed(torch.nn.Module):
     """Two Linear+GELU blocks and a head; the second block under torch.utils.checkpoint (reentrant or not) or
     run plainly (None)."""
