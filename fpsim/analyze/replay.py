@@ -8,8 +8,9 @@ same ops in the low format, the same tensors saved for backward) and computes
 every op on FP16/BF16 tensors in FP32, rounding each result once to its dtype
 (`fpsim.emulate.compute.FP32Compute`, forward and backward): what a GPU
 kernel does, at about FP32's cost. `FakeQuant` runs FP32 arithmetic
-with the operands of every matrix product (F.linear, the convolutions,
-F.bilinear, wherever they are called), and the gradient arriving at its
+with the operands of every layer's matrix product (F.linear, the
+convolutions, F.bilinear, a product with a parameter, wherever they are
+called), and the gradient arriving at its
 output, fake-quantised in a per-tensor-scaled format with a current scale
 (max / amax, as fpsim.recipes.CurrentScaling) and a straight-through gradient. `Autocast` and `FakeQuant` watch every module of
 the root for overflow sources (an output non-finite from finite inputs: the
@@ -178,18 +179,28 @@ class _PythonDispatch:
 
 
 class FakeQuant(Replay):
-    """FP32 arithmetic with each matrix product of the forward taking its operands fake-quantised in `lim`'s
-    format with current per-tensor scales, and the gradient of its output too (_QuantizedProducts): the
-    products are F.linear, the convolutions and F.bilinear, found where they are called, so that nn.Linear and
-    nn.Conv*d, their subclasses, parametrized weights (weight_norm), a weight tied to another module's and a
-    functional call alike take part; none inside a module kept in FP32."""
+    """FP32 arithmetic with each matrix product of a layer taking its operands fake-quantised in `lim`'s format
+    with current per-tensor scales, and the gradient of its output too (_quantized_products): F.linear, the
+    convolutions and F.bilinear, and a plain product (addmm, mm, matmul) with a parameter for an operand, found
+    where they are called, so that nn.Linear and nn.Conv*d, their subclasses, parametrized weights
+    (weight_norm), a weight tied to another module's, transformers' Conv1D and a functional call alike take
+    part; none inside a module kept in FP32."""
 
     def __init__(self, core, module_names, lim, keep, found):
         super().__init__(core, module_names, keep, found)
         self.lim = lim
+        self.weights: set = set()
+
+    def parameters(self, params: dict) -> dict:
+        self.weights = {id(t) for t in params.values()}      # (a plain product with one of these is a layer's)
+        return params
 
     def arithmetic(self):
         return _quantized_products()(self)
+
+    def is_weight(self, t) -> bool:
+        """Whether `t` is one of the replay's parameters, or a view of one (a transposed weight)."""
+        return id(t) in self.weights or (getattr(t, "_base", None) is not None and id(t._base) in self.weights)
 
     @property
     def in_kept_module(self) -> bool:
@@ -199,16 +210,35 @@ class FakeQuant(Replay):
 @functools.cache
 def _quantized_products():
     """The TorchFunctionMode of FakeQuant (made on first use: torch loads late): a product's floating operands
-    (by position or name) fake-quantised, its output's gradient too."""
+    (by position or name) fake-quantised, its output's gradient too. The layers' own functions always; the
+    plain matrix products (addmm, mm, matmul: transformers' Conv1D, a weight multiplied in a forward) when an
+    operand is a parameter, so that attention's products of activations stay as they are (TransformerEngine's
+    FP8 attention is off by default)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     functional = torch.nn.functional
-    operands = {functional.linear: ("input", "weight"), functional.bilinear: ("input1", "input2", "weight"),
-                **{conv: ("input", "weight") for conv in (functional.conv1d, functional.conv2d, functional.conv3d)}}
+    layers = {functional.linear: ("input", "weight"), functional.bilinear: ("input1", "input2", "weight"),
+              **{conv: ("input", "weight") for conv in (functional.conv1d, functional.conv2d, functional.conv3d)}}
+    products = {torch.addmm: ("mat1", "mat2"), torch.mm: ("input", "mat2"), torch.matmul: ("input", "other"),
+                torch.Tensor.addmm: ("mat1", "mat2"), torch.Tensor.mm: ("self", "mat2"),
+                torch.Tensor.matmul: ("self", "other"), torch.Tensor.__matmul__: ("self", "other")}
+    positions = {torch.addmm: (1, 2), torch.Tensor.addmm: (1, 2)}
 
     def quantized(x, lim):
         return _quantize(x, lim) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def operands(replay, func, args, kwargs):
+        """The names and positions of func's operands to quantise in `replay`, or None."""
+        names = layers.get(func)
+        if names is not None:
+            return names, range(len(names))
+        names = products.get(func)
+        if names is None:
+            return None
+        places = positions.get(func, (0, 1))
+        given = [args[i] if i < len(args) else kwargs.get(name) for i, name in zip(places, names)]
+        return (names, places) if any(replay.is_weight(t) for t in given) else None
 
     class QuantizedProducts(TorchFunctionMode):
         def __init__(self, replay):
@@ -217,11 +247,12 @@ def _quantized_products():
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            names = operands.get(func)
-            if names is None or self.replay.in_kept_module:
+            found = operands(self.replay, func, args, kwargs)
+            if found is None or self.replay.in_kept_module:
                 return func(*args, **kwargs)
+            names, places = found
             lim = self.replay.lim
-            args = tuple(quantized(a, lim) if i < len(names) else a for i, a in enumerate(args))
+            args = tuple(quantized(a, lim) if i in places else a for i, a in enumerate(args))
             kwargs = {k: quantized(v, lim) if k in names else v for k, v in kwargs.items()}
             out = func(*args, **kwargs)
             return _quantize_gradient(out, lim) if isinstance(out, torch.Tensor) and out.requires_grad else out

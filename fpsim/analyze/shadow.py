@@ -28,8 +28,8 @@ after (the run's streams and attributes are untouched):
   "autocast", torch's own low-precision kernels (on a CPU without FP16/BF16
   matrix units about 15 FP32 steps' time);
 - per-tensor-scaled formats (FP8, custom formats of 8 bits or fewer): the FP32
-  forward with the operands of every matrix product (F.linear, the
-  convolutions, F.bilinear: what Linear and Conv layers call), and the gradient
+  forward with the operands of every layer's matrix product (F.linear, the
+  convolutions, F.bilinear, a product with a parameter), and the gradient
   arriving at its output, fake-quantised with a current per-tensor scale
   (CurrentScaling: format max / amax), straight-through gradients.
 

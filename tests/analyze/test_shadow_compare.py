@@ -152,8 +152,8 @@ class CastedLinear(nn.Linear):
 
 class TwoProducts(nn.Module):
     """x -> first (a Linear) -> a second product: a Linear subclass, a Linear whose weight is an Embedding's
-    (tied, as a GPT's head), a Linear under weight_norm, or F.linear called in the forward on a parameter of
-    the model's own."""
+    (tied, as a GPT's head), a Linear under weight_norm, transformers' Conv1D (GPT-2's), or F.linear or a
+    matrix product called in the forward on a parameter of the model's own."""
 
     def __init__(self, second: str):
         super().__init__()
@@ -167,15 +167,23 @@ class TwoProducts(nn.Module):
             self.second.weight = self.table.weight
         elif second == "parametrized":
             self.second = nn.utils.parametrizations.weight_norm(nn.Linear(16, 4, bias=False))
+        elif second == "conv1d":           # GPT-2's projections: x @ W + b by torch.addmm, W of (in, out)
+            self.second = pytest.importorskip("transformers.pytorch_utils").Conv1D(4, 16)
+            with torch.no_grad():
+                self.second.weight.normal_(0, 0.25)
         else:
             self.weight = nn.Parameter(torch.randn(4, 16) / 4)
 
     def forward(self, x):
         h = self.first(x)
-        return nn.functional.linear(h, self.weight) if self.kind == "functional" else self.second(h)
+        if self.kind == "functional":
+            return nn.functional.linear(h, self.weight)
+        if self.kind == "matmul":
+            return h @ self.weight.T
+        return self.second(h)
 
 
-@pytest.mark.parametrize("second", ["subclass", "tied", "parametrized", "functional"])
+@pytest.mark.parametrize("second", ["subclass", "tied", "parametrized", "conv1d", "functional", "matmul"])
 def test_fp8_replays_fake_quantise_every_matrix_product_wherever_its_weight_lives(second):
     """The E4M3 shadow step's gradient errors against a computation by hand with ml_dtypes' casts (current
     scaling, straight-through): out = Q(Q(x) Q(W1)^T) Q(W2)^T with Q(G) arriving at out, so dW2 = Q(G)^T Q(h)
@@ -204,11 +212,13 @@ def test_fp8_replays_fake_quantise_every_matrix_product_wherever_its_weight_live
             loss.backward()
             optimizer.step()
     evidence = w.report().shadow_evidence
-    second_layer = {"subclass": "second", "tied": "table", "parametrized": None, "functional": "TwoProducts"}[second]
+    second_layer = {"subclass": "second", "tied": "table", "parametrized": None, "conv1d": "second",
+                    "functional": "TwoProducts", "matmul": "TwoProducts"}[second]
 
     xs, gs = x.numpy().astype(np.float64), upstream.numpy().astype(np.float64)
     w1 = model.first.weight.detach().numpy().astype(np.float64)
-    w2 = (model.weight if second == "functional" else model.second.weight).detach().numpy().astype(np.float64)
+    w2 = (model.weight if second in ("functional", "matmul") else model.second.weight).detach().numpy()
+    w2 = (w2.T if second == "conv1d" else w2).astype(np.float64)    # as (out, in): the error's norms are alike
     h = xs @ w1.T
     exact = {"first": (gs @ w2).T @ xs, second_layer: gs.T @ h}
     hq = q(x.numpy()).astype(np.float64) @ q(w1.astype(np.float32)).T.astype(np.float64)
@@ -216,6 +226,34 @@ def test_fp8_replays_fake_quantise_every_matrix_product_wherever_its_weight_live
     dh = gq @ q(w2.astype(np.float32)).astype(np.float64)
     fake = {"first": q(dh.astype(np.float32)).T.astype(np.float64) @ q(x.numpy()).astype(np.float64),
             second_layer: gq.T @ q(hq.astype(np.float32)).astype(np.float64)}
+    if second == "conv1d":      # its bias: the gradient arriving, summed over the batch
+        exact[second_layer], fake[second_layer] = (np.concatenate([exact[second_layer].ravel(), gs.sum(0)]),
+                                                   np.concatenate([fake[second_layer].ravel(), gq.sum(0)]))
     for layer in ("first", second_layer) if second_layer else ("first",):
         want = np.linalg.norm(fake[layer] - exact[layer]) / np.linalg.norm(exact[layer])
         assert evidence[layer]["e4m3"]["grad_rel_error"] == pytest.approx(want, rel=1e-3), layer
+
+
+def test_fp8_replays_leave_products_of_activations_as_they_are():
+    """Attention's products (q @ k^T, weights @ v) multiply activations, which TransformerEngine's FP8 recipes
+    leave in the base format: inside the replay's products mode a product of activations is torch's own,
+    one with a parameter operand (or its transpose) is the product of the E4M3-cast operands (ml_dtypes)."""
+    import ml_dtypes
+    import numpy as np
+
+    from fpsim.analyze.limits import resolve_formats
+    from fpsim.analyze.replay import FakeQuant
+
+    def q(a):
+        s = np.float32(448.0 / np.abs(a).max())
+        return (a * s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / s
+
+    g = torch.Generator().manual_seed(2)
+    a, b, w = (torch.randn(*shape, generator=g) for shape in ((4, 8), (8, 3), (3, 8)))
+    replay = FakeQuant(nn.Linear(1, 1), {}, resolve_formats(("e4m3",))[0], keep=(), found={})
+    replay.parameters({"w": w})
+    with replay.arithmetic():
+        activations, weighted, method = a @ b, torch.matmul(a, w.T), a.mm(w.T)
+    assert torch.equal(activations, a @ b)
+    want = q(a.numpy()) @ q(w.numpy()).T
+    assert weighted.numpy() == pytest.approx(want, rel=1e-6) and torch.equal(method, weighted)
