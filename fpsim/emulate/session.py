@@ -229,8 +229,7 @@ class Emulation:
                 self._hook(stack, module, self._enter_fp32, self._leave)
             elif selection.layers is not None and name in selection.layers and self.low is not None:
                 self._hook(stack, module, self._enter_layer, self._leave_layer)
-            if isinstance(self.recipe, recipes.FP8Recipe) and isinstance(module, torch.nn.Linear) \
-                    and selection.runs_fp8(name):
+            if isinstance(self.recipe, recipes.FP8Recipe) and _fp8_module(module) and selection.runs_fp8(name):
                 self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(self.recipe, self._fp8_gemm)
                 self._hook(stack, module, self._enter_fp8, self._leave_fp8)
         if self.loss_scale is not None:
@@ -388,17 +387,36 @@ class Emulation:
     def linear(self, func, args, kwargs):
         """F.linear: an FP8 layer's GEMMs, when called by an FP8 nn.Linear with its own weight."""
         module = self._fp8_stack[-1][0] if self._fp8_stack else None
-        names = ("input", "weight", "bias")
-        bound = dict(zip(names, args), **kwargs)
-        if module is None or not _own_weight(module, bound.get("weight")):
+        bound = dict(zip(("input", "weight", "bias"), args), **kwargs)
+        if not isinstance(module, torch.nn.Linear) or not _own_weight(module, bound.get("weight")):
             return func(*args, **kwargs)
+        return self._fp8_product(module, bound["input"], bound["weight"], bound.get("bias"))
+
+    def addmm(self, func, args, kwargs):
+        """torch.addmm: an FP8 layer's GEMMs, when called by an FP8 Conv1D with its own weight and bias (bias +
+        x W: x (W^T)^T + bias, a Linear whose weight is W^T)."""
+        module = self._fp8_stack[-1][0] if self._fp8_stack else None
+        bound = dict(zip(("input", "mat1", "mat2"), args), **kwargs)
+        if module is None or isinstance(module, torch.nn.Linear) or bound.get("mat2") is not module.weight \
+                or bound.get("input") is not module.bias or bound.get("beta", 1) != 1 or bound.get("alpha", 1) != 1:
+            return func(*args, **kwargs)
+        return self._fp8_product(module, bound["mat1"], module.weight.t(), module.bias)
+
+    def _fp8_product(self, module, x, weight, bias):
+        """x W^T + bias by the module's FP8 layer, in the dtype autocast would give it."""
         layer = self._fp8_of[module]
-        x = bound["input"]
         on = torch.is_autocast_enabled(self.device_type)
         out_dtype = torch.get_autocast_dtype(self.device_type) if on else x.dtype
         again = torch._C._current_graph_task_id() != -1     # recomputed in backward: the same casts again
         with torch.autocast(self.device_type, enabled=False):
-            return FP8Linear.apply(x, bound["weight"], bound.get("bias"), layer, out_dtype, again)
+            return FP8Linear.apply(x, weight, bias, layer, out_dtype, again)
+
+
+def _fp8_module(module) -> bool:
+    """A layer the FP8 recipes run in FP8: an nn.Linear, or transformers' Conv1D (GPT-2's projections: a Linear
+    whose weight is stored transposed and multiplied by torch.addmm), as TransformerEngine's te.Linear replaces
+    either."""
+    return isinstance(module, torch.nn.Linear) or (type(module).__name__ == "Conv1D" and hasattr(module, "nf"))
 
 
 def _own_weight(module, weight) -> bool:
@@ -410,7 +428,7 @@ def _own_weight(module, weight) -> bool:
 
 
 class _Functions(TorchFunctionMode):
-    """Hands backward calls and F.linear to the emulation; everything else runs as it is."""
+    """Hands backward calls, F.linear and torch.addmm to the emulation; everything else runs as it is."""
 
     def __init__(self, emulation: Emulation):
         super().__init__()
@@ -418,6 +436,7 @@ class _Functions(TorchFunctionMode):
                          torch.autograd.grad: self._grad}
         if isinstance(emulation.recipe, recipes.FP8Recipe):
             self.handlers[torch.nn.functional.linear] = emulation.linear
+            self.handlers[torch.addmm] = emulation.addmm
         self.device_type = emulation.device_type
         self.emulation = emulation
 

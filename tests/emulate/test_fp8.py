@@ -15,6 +15,7 @@ reference for FP8 GEMMs on the H100 model.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -290,3 +291,49 @@ def test_a_checkpointed_block_trains_as_the_same_model_without_checkpointing(rec
     plain, checkpointed = train(None), train(reentrant)
     assert checkpointed[0] == plain[0] and checkpointed[2] == plain[2]
     assert all(torch.equal(a, b) for a, b in zip(plain[1], checkpointed[1]))
+
+
+def test_transformers_conv1d_runs_in_fp8_as_the_same_linear_does():
+    """GPT-2's projections are transformers' Conv1D (bias + x W by torch.addmm, W stored as (in, out)): the FP8
+    recipes ran only nn.Linear layers in FP8, so a GPT-2 emulated in FP8 had its head alone in FP8. A Conv1D
+    now trains step for step as the nn.Linear holding W^T does under the same recipe, bit for bit, and a tiny
+    GPT-2's projections are FP8 layers with the scales of their tensors."""
+    transformers = pytest.importorskip("transformers")
+    from framework_helpers import tiny_gpt2
+
+    torch.manual_seed(0)
+    conv = transformers.pytorch_utils.Conv1D(6, 8)
+    with torch.no_grad():
+        conv.weight.normal_()
+        conv.bias.normal_()
+    linear = torch.nn.Linear(8, 6)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.t())
+        linear.bias.copy_(conv.bias)
+    initial = copy.deepcopy(conv)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(2, 5, 8, generator=g) for _ in range(3)]
+
+    def steps(layer, recipe):
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        outputs = []
+        with fpsim.emulate(layer, recipe):
+            for x in batches:
+                y = layer(x)
+                optimizer.zero_grad()
+                y.float().square().mean().backward()
+                optimizer.step()
+                outputs.append(y.detach())
+        return outputs
+
+    from_conv, from_linear = steps(conv, "fp8"), steps(linear, "fp8")
+    assert all(torch.equal(a, b) for a, b in zip(from_conv, from_linear))
+    assert torch.equal(conv.weight.t(), linear.weight) and torch.equal(conv.bias, linear.bias)
+    assert not torch.equal(steps(initial, "bf16")[0], from_conv[0])   # (its base format alone rounds otherwise)
+
+    model = tiny_gpt2()
+    with fpsim.emulate(model, "fp8") as em:
+        model(torch.arange(16).reshape(1, 16), labels=torch.arange(16).reshape(1, 16)).loss.backward()
+    layers = em.summary()["fp8_layers"]
+    assert {"transformer.h.0.attn.c_attn", "transformer.h.1.mlp.c_proj", "lm_head"} <= set(layers)
+    assert layers["transformer.h.0.attn.c_attn"]["weight"]["amax"] is not None
