@@ -10,12 +10,13 @@ every op on FP16/BF16 tensors in FP32, rounding each result once to its dtype
 kernel does, at about FP32's cost. `FakeQuant` runs FP32 arithmetic
 with the operands of every layer's matrix product (F.linear, the
 convolutions, F.bilinear, a product with a parameter, wherever they are
-called), and the gradient arriving at its
-output, fake-quantised in a per-tensor-scaled format with a current scale
-(max / amax, as fpsim.recipes.CurrentScaling) and a straight-through gradient. `Autocast` and `FakeQuant` watch every module of
-the root for overflow sources (an output non-finite from finite inputs: the
-innermost such module, recorded in `found`) and run the modules in `keep`
-outside autocast, their floating inputs cast to FP32.
+called), and the gradient arriving at its output, fake-quantised in a
+per-tensor-scaled format with a current scale (max / amax, as
+fpsim.recipes.CurrentScaling) and a straight-through gradient. `Autocast`
+and `FakeQuant` watch every module of the root for overflow sources (an
+output non-finite from finite inputs: the innermost such module, recorded in
+`found`) and run the modules in `keep` outside autocast, their floating
+inputs cast to FP32.
 """
 
 from __future__ import annotations
