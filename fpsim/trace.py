@@ -271,17 +271,16 @@ def _low_precision_outputs(func, args, kwargs, outputs: list) -> list:
     return [t for t, stays_wide in zip(outputs, wide) if not stays_wide]
 
 
-def never_compiled(function):
-    """`function` (a mode's handler), whose frames torch.compile leaves alone, with every frame it calls: run
-    under a compiled caller, Dynamo would compile the handler anew for each op (recompiling to its limit, with
-    warnings), and torch._dynamo.disable's wrapper would cost each op its context switch. A torch without
-    per-code strategies (before 2.6) gets the function as it is."""
-    try:     # (torch's C names: importing torch._dynamo for them would cost a second)
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-    except ImportError:
-        return function
-    set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
-    return function
+def run_eagerly():
+    """A context in which torch.compile'd code runs eagerly, where torch has compiler stances (2.6 on): the
+    shadow steps' replays and an emulation run the model's own ops under their own modes, which Dynamo would
+    trace (or, compiled with fullgraph=True, refuse: "found no compiled frames")."""
+    import contextlib
+
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def to_meta(x, floating=None):
@@ -333,9 +332,8 @@ def _make_mode_class():
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
-            return False   # the handler never compiles (never_compiled): spare each op torch._dynamo.disable's wrapper
+            return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
 
-        @never_compiled
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func._op(*args, **kwargs) if kwargs else func._op(*args)   # what func(...) calls
             return self.tracer._on_op(func, out, args, kwargs)

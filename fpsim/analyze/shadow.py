@@ -69,7 +69,7 @@ import dataclasses
 import math
 import warnings
 
-from ..trace import ModuleHook
+from ..trace import ModuleHook, run_eagerly
 from .evidence import threshold
 from .gradient_error import Reference, flat
 from .limits import LOW_PRECISION_DTYPES, is_low_precision
@@ -336,7 +336,7 @@ class ShadowSteps:
     def compiled(self, wrapper) -> None:
         """`wrapper`, torch.compile's module around the root, calls it: capture at its call too. Inside compiled
         code the root's own hooks do nothing (torch.compiler.is_compiling), the wrapper's run as the run calls
-        it; the replays call the root itself, eagerly (_eager)."""
+        it; the replays call the root itself, eagerly (run_eagerly)."""
         if self.core is not None and wrapper is not self.core:
             self._handles += _hook_calls(wrapper, self._on_forward_pre, self._on_forward)
 
@@ -567,7 +567,7 @@ class ShadowSteps:
         real = _RunState(self.core, (capture.args, capture.kwargs))
         self._replaying = True
         try:
-            with torch.enable_grad(), _eager(), _unchecked_reentrant_checkpoints():
+            with torch.enable_grad(), run_eagerly(), _unchecked_reentrant_checkpoints():
                 self._measure(capture, params, device)
         finally:
             self._replaying = False
@@ -826,17 +826,6 @@ def _without_amp_wrapper(core) -> None:
     own = vars(core)
     if own.get("_original_forward") is not None and "forward" in own:
         own["forward"] = own["_original_forward"]
-
-
-def _eager():
-    """A context in which torch.compile'd modules inside the model run eagerly (a replay is not compiled:
-    Dynamo would trace it under the replay's own dispatch modes), where torch has compiler stances (2.6 on)."""
-    import contextlib
-
-    import torch
-
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

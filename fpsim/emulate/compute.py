@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..trace import never_compiled, to_meta
+from ..trace import to_meta
 
 LOW = (torch.float16, torch.bfloat16)
 GEMMS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv")
@@ -79,9 +79,8 @@ class FP32Compute(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False   # the handler never compiles (never_compiled): spare each op torch._dynamo.disable's wrapper
+        return False   # the handler never compiles: spare each op torch._dynamo.disable's wrapper
 
-    @never_compiled
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         passing = self._passing.get(func)

@@ -35,7 +35,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
-from ..trace import OUTSIDE, ModuleHook, Tracer, never_compiled
+from ..trace import OUTSIDE, ModuleHook, Tracer, run_eagerly
 from . import recipes
 from .autocast import PolicyKernels
 from .compute import FP32Compute
@@ -199,6 +199,7 @@ class Emulation:
 
     def _enter(self, stack):
         model, selection = self.model, self.selection
+        stack.enter_context(run_eagerly())      # compiled code runs eagerly, under the emulation's own modes
         if not self.master_weights and self.low is not None:
             self._round_weights()
         wide = sorted({name.rpartition(".")[0] or name for name, p in model.named_parameters()
@@ -440,7 +441,6 @@ class _Functions(TorchFunctionMode):
         self.device_type = emulation.device_type
         self.emulation = emulation
 
-    @never_compiled
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.emulation._autocast_stack:
             self.emulation._settle()

@@ -681,11 +681,13 @@ def test_a_closure_step_is_emulated_as_the_same_loop_without_a_closure(fmt):
     assert [loss.item() for loss, _ in fp32] != em.losses
 
 
-def test_a_compiled_model_is_emulated_as_the_eager_one_and_fpsims_handlers_are_not_compiled():
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_compiled_model_is_emulated_as_the_eager_one_and_fpsims_handlers_are_not_compiled(fullgraph):
     # under a torch.compile'd model Dynamo compiled the emulation's op handler anew for each op (22 frames for 3
-    # steps of a 2-layer MLP, recompiling to its limit with warnings; 17 s against 4 s). The handlers now tell
-    # Dynamo to leave them alone: no more frames compiled than the plain compiled run, and the steps are those
-    # of the eager model emulated, bit for bit
+    # steps of a 2-layer MLP, recompiling to its limit with warnings; 17 s against 4 s), and compiled with
+    # fullgraph=True the first step raised (Dynamo cannot trace the handler). Compiled code now runs eagerly
+    # inside the block (torch.compiler.set_stance): no more frames compiled than the plain compiled run, and the
+    # steps are those of the eager model emulated, bit for bit
     import copy
     import torch._dynamo
 
@@ -714,11 +716,11 @@ def test_a_compiled_model_is_emulated_as_the_eager_one_and_fpsims_handlers_are_n
     with torch._inductor.config.patch(force_disable_caches=True):
         torch._dynamo.reset()
         before = frames()
-        fp32 = steps(torch.compile(copy.deepcopy(base)))
+        fp32 = steps(torch.compile(copy.deepcopy(base), fullgraph=fullgraph))
         plain_frames = frames() - before
         torch._dynamo.reset()
         before = frames()
-        compiled = torch.compile(copy.deepcopy(base))
+        compiled = torch.compile(copy.deepcopy(base), fullgraph=fullgraph)
         with fpsim.emulate(compiled, "bf16"):
             got = steps(compiled)
         emulated_frames = frames() - before
