@@ -223,6 +223,18 @@ def square_loss_steps(model, optimizer, g, steps: int, rows: int, before_each=No
         optimizer.step()
 
 
+def _square_loss_run(make, watched: bool, lr: float):
+    """(model, watcher or None): four SGD steps of square_loss_steps on make() from seed 0, under
+    watch(formats=("fp16", "bf16"), shadow_every=1) or unobserved."""
+    torch.manual_seed(0)
+    model = make()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
+        square_loss_steps(model, optimizer, g, 4, 16)
+    return model, w
+
+
 def model_inputs(model) -> int:
     return next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
 
@@ -352,19 +364,10 @@ def test_a_model_mixing_bf16_and_fp32_parameters_is_replayed_in_its_own_dtypes()
     # to BF16 then met an FP32 weight ("mat1 and mat2 must have the same dtype") and the shadow steps stopped at
     # step 0. The model now replays in its own dtypes: every step shadowed, the FP32 reference replay equals
     # the real backward's gradients, training unchanged
-    def run(watched):
-        torch.manual_seed(0)
-        model = FrozenBF16Trunk()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        g = torch.Generator().manual_seed(1)
-        with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
-            square_loss_steps(model, optimizer, g, 4, 16)
-        return [p.detach().clone() for p in model.parameters()], w
-
-    plain, _ = run(False)
-    trained, w = run(True)
+    plain, _ = _square_loss_run(FrozenBF16Trunk, watched=False, lr=0.1)
+    model, w = _square_loss_run(FrozenBF16Trunk, watched=True, lr=0.1)
     report = w.report()
-    assert all(torch.equal(a, b) for a, b in zip(plain, trained))
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
     assert w.shadow.error is None and report.shadow_summary()["steps"] == [0, 1, 2, 3] and w.shadow._real_matches
     assert report.shadow_evidence["head.1"]["fp16"]["grad_rel_error"] > 0
     assert any(note.startswith("the model mixes bfloat16 parameters with float32 ones") for note in report.run["notes"])
@@ -385,19 +388,10 @@ def test_a_compiled_submodule_is_replayed_eagerly_and_the_run_stays_compiled():
     # run the compiled body eagerly, and the real steps, compiled, end with the parameters of an unwatched run
     import warnings
 
-    def run(watched):
-        torch.manual_seed(0)
-        model = CompiledBody()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        g = torch.Generator().manual_seed(1)
-        with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
-            square_loss_steps(model, optimizer, g, 4, 16)
-        return model, w
-
-    plain, _ = run(False)
+    plain, _ = _square_loss_run(CompiledBody, watched=False, lr=0.01)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="fpsim")
-        model, w = run(True)
+        model, w = _square_loss_run(CompiledBody, watched=True, lr=0.01)
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
     report = w.report()
     assert w.shadow.error is None and report.shadow_summary()["steps"] == [0, 1, 2, 3]
