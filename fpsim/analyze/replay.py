@@ -191,6 +191,7 @@ class FakeQuant(Replay):
         super().__init__(core, module_names, keep, found)
         self.lim = lim
         self.weights: set = set()
+        self.products = 0             # the products fake-quantised (none: the model's run inside fused kernels)
 
     def parameters(self, params: dict) -> dict:
         self.weights = {id(t) for t in params.values()}      # (a plain product with one of these is a layer's)
@@ -252,6 +253,7 @@ def _quantized_products():
             if found is None or self.replay.in_kept_module:
                 return func(*args, **kwargs)
             names, places = found
+            self.replay.products += 1
             lim = self.replay.lim
             args = tuple(quantized(a, lim) if i in places else a for i, a in enumerate(args))
             kwargs = {k: quantized(v, lim) if k in names else v for k, v in kwargs.items()}

@@ -298,6 +298,7 @@ class ShadowSteps:
         self._replayed_step = None            # one replay per step (a closure may run the forward again)
         self.halving_error = None             # why a replay of half the batch failed (then no more halves)
         self._exact_turns: dict = {}          # format -> its turns whose gradients equalled the reference exactly
+        self._unquantised_turns: dict = {}    # format (per-tensor scaled) -> its turns that quantised no product
         self.upcast: set = set()              # the dtypes of the model's parameters that were replayed in FP32
         self.kept_dtypes: set = set()         # those of parameters beside FP32 ones, replayed in their own dtype
 
@@ -400,6 +401,11 @@ class ShadowSteps:
         for name, error in self.dropped_formats.items():
             out.append(f"shadow steps for {name} stopped after its replay failed ({error}): its later verdicts from "
                        f"the steps before, or value counts")
+        unquantised = [name for name, n in self._unquantised_turns.items() if n == self.record.turns.get(name)]
+        if unquantised:
+            out.append(f"no {' and no '.join(unquantised)} replay found a layer's matrix product to fake-quantise "
+                       f"(F.linear, a convolution, or a product with a parameter): the model's products run inside "
+                       f"fused kernels (an RNN's), so those shadow steps measured nothing: verdicts from value counts")
         if self.overridden:
             out.append(f"every {' and every '.join(self.overridden)} replay gave exactly the reference's gradients: "
                        f"the model's forward sets its own precision (an autocast inside it) over the replays', so "
@@ -660,6 +666,9 @@ class ShadowSteps:
             by_layer = self.record.sources.setdefault(lim.name, {})
             by_layer[layer] = by_layer.get(layer, 0) + 1
         epoch = self.record.turn(lim.name, capture.step)
+        if lim.per_tensor_scaled and not context.products:   # nothing was rounded: nothing to measure
+            self._unquantised_turns[lim.name] = self._unquantised_turns.get(lim.name, 0) + 1
+            return
         for scale, result in (grads or {}).items():
             by_layer = at1 if scale == 0 and at1 else ref.compare(result)
             if scale == 0:

@@ -373,6 +373,38 @@ def test_a_model_mixing_bf16_and_fp32_parameters_is_replayed_in_its_own_dtypes()
     assert any(note.startswith("the model mixes bfloat16 parameters with float32 ones") for note in report.run["notes"])
 
 
+class LastState(nn.Module):
+    """An LSTM read at its last time step: its products run inside torch's fused LSTM kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0][:, -1]
+
+
+def test_an_fp8_replay_that_finds_no_product_to_quantise_measures_nothing():
+    # an LSTM's products run inside one fused op, which the FP8 replays do not split: its E4M3 replays equalled
+    # the reference exactly, the report blamed "an autocast inside the forward" and dropped the BF16 evidence
+    # too. Such a format now measures nothing (value counts decide, with a note saying why), the others go on
+    torch.manual_seed(0)
+    model = LastState()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, formats=("e4m3", "bf16"), shadow_every=1) as w:
+        for _ in range(4):
+            loss = model(torch.randn(8, 6, 8, generator=g)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    assert set(report.shadow_evidence["rnn"]) == {"bf16"} and report.shadow_evidence["rnn"]["bf16"]["grad_rel_error"] > 0
+    notes = report.run["notes"]
+    assert any(note.startswith("no e4m3 replay found a layer's matrix product") for note in notes)
+    assert not any("exactly the reference's gradients" in note for note in notes)
+
+
 class CompiledBody(nn.Module):
     def __init__(self):
         super().__init__()
