@@ -560,8 +560,7 @@ class ShadowSteps:
         # replayed in FP32, as for AMP; one that mixes them with FP32 parameters (a frozen BF16 part beside FP32
         # layers, cast to by its own forward) in its own dtypes
         whole = bool(others) and all(_recast(p.dtype) for _, p in named if p.is_floating_point())
-        params = {n: (_fp32(p) if whole else p.detach().clone()).requires_grad_(True) for n, p in named
-                  if p.requires_grad}
+        params = {n: _copy(p, whole).requires_grad_(True) for n, p in named if p.requires_grad}
         if not params:
             return
         if whole:
@@ -867,11 +866,11 @@ def _recast(dtype) -> bool:
     return dtype == torch.float64 or is_low_precision(dtype)
 
 
-def _fp32(t):
-    """A float32 copy of a parameter (float16/bfloat16/float64 ones cast), detached: a forward that writes into
-    its parameters (Embedding(max_norm=...) renormalises rows in place) writes into the replay's copy, never
-    into the run's parameters."""
-    return t.detach().float() if _recast(t.dtype) else t.detach().clone()
+def _copy(t, recast: bool):
+    """A detached copy of a parameter, float16/bfloat16/float64 ones cast to float32 where `recast`: a forward
+    that writes into its parameters (Embedding(max_norm=...) renormalises rows in place) writes into the
+    replay's copy, never into the run's parameters."""
+    return t.detach().float() if recast and _recast(t.dtype) else t.detach().clone()
 
 
 def _hook_calls(module, before, after) -> list:

@@ -45,14 +45,14 @@ class TensorScale:
             values = self.scaling.quantize(x, self.state, kind=self.kind)
             return values.to(_FP32), None
         if self.state is not None and again and self.used is not None:
-            return quantize(x.to(_FP32) * self.used, self.format, saturate=True), torch.reciprocal(self.used)
-        if self.state is not None:       # delayed: this cast uses the scale from earlier amaxes
-            scale = self.state.scale
-            self.scaling.record(self.state, x.abs().amax().float().item(), self.kind)
+            scale = self.used
         else:
-            scale = self.scaling.scale(x, self.kind)
-        scale = torch.tensor(scale, dtype=_FP32, device=x.device)
-        self.used = scale
+            if self.state is not None:       # delayed: this cast uses the scale from earlier amaxes
+                scale = self.state.scale
+                self.scaling.record(self.state, x.abs().amax().float().item(), self.kind)
+            else:
+                scale = self.scaling.scale(x, self.kind)
+            scale = self.used = torch.tensor(scale, dtype=_FP32, device=x.device)
         return quantize(x.to(_FP32) * scale, self.format, saturate=True), torch.reciprocal(scale)
 
     @property

@@ -294,7 +294,7 @@ class Emulation:
 
     def _enter_fp8(self, module, args, kwargs):
         mode = None
-        if torch._C._current_graph_task_id() != -1:
+        if _recomputing():
             # a forward that activation checkpointing recomputes in backward, where the block's function mode is
             # off (each dispatch of the backward call stepped it aside): the layer's own, while it runs
             mode = _Functions(self)
@@ -387,7 +387,7 @@ class Emulation:
 
     def linear(self, func, args, kwargs):
         """F.linear: an FP8 layer's GEMMs, when called by an FP8 nn.Linear with its own weight."""
-        module = self._fp8_stack[-1][0] if self._fp8_stack else None
+        module = self._fp8_running()
         bound = dict(zip(("input", "weight", "bias"), args), **kwargs)
         if not isinstance(module, torch.nn.Linear) or not _own_weight(module, bound.get("weight")):
             return func(*args, **kwargs)
@@ -396,21 +396,30 @@ class Emulation:
     def addmm(self, func, args, kwargs):
         """torch.addmm: an FP8 layer's GEMMs, when called by an FP8 Conv1D with its own weight and bias (bias +
         x W: x (W^T)^T + bias, a Linear whose weight is W^T)."""
-        module = self._fp8_stack[-1][0] if self._fp8_stack else None
+        module = self._fp8_running()
         bound = dict(zip(("input", "mat1", "mat2"), args), **kwargs)
         if module is None or isinstance(module, torch.nn.Linear) or bound.get("mat2") is not module.weight \
                 or bound.get("input") is not module.bias or bound.get("beta", 1) != 1 or bound.get("alpha", 1) != 1:
             return func(*args, **kwargs)
         return self._fp8_product(module, bound["mat1"], module.weight.t(), module.bias)
 
+    def _fp8_running(self):
+        """The innermost FP8 layer running, or None."""
+        return self._fp8_stack[-1][0] if self._fp8_stack else None
+
     def _fp8_product(self, module, x, weight, bias):
         """x W^T + bias by the module's FP8 layer, in the dtype autocast would give it."""
         layer = self._fp8_of[module]
         on = torch.is_autocast_enabled(self.device_type)
         out_dtype = torch.get_autocast_dtype(self.device_type) if on else x.dtype
-        again = torch._C._current_graph_task_id() != -1     # recomputed in backward: the same casts again
+        again = _recomputing()                              # recomputed in backward: the same casts again
         with torch.autocast(self.device_type, enabled=False):
             return FP8Linear.apply(x, weight, bias, layer, out_dtype, again)
+
+
+def _recomputing() -> bool:
+    """Whether a forward runs inside a backward pass: activation checkpointing recomputing it."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _fp8_module(module) -> bool:

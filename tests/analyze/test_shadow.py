@@ -23,6 +23,7 @@ from fpsim.analyze import FormatLimits, watch
 from fpsim.analyze.evidence import FALLBACK_THRESHOLD
 from fpsim.analyze.planted import AuxHead, task, train_real
 from fpsim.analyze.runner import run_script
+from framework_helpers import Checkpointed
 
 STEPS, SHADOW_EVERY = 20, 5
 REAL_STEPS = 100
@@ -212,26 +213,27 @@ def test_shadow_steps_leave_user_rng_streams_and_module_attributes_as_the_run_le
     assert torch.equal(draws0[0], draws1[0]) and draws0[1:3] == draws1[1:3] and torch.equal(draws0[3], draws1[3])
 
 
-def square_loss_steps(model, optimizer, g, steps: int, rows: int, before_each=None):
-    """`steps` steps of mean squared output on random batches of `rows` (before_each(): run first in each)."""
+def square_loss_steps(model, optimizer, g, steps: int, rows: int, before_each=None, shape=None):
+    """`steps` steps of mean squared output on random batches of `rows` (of `shape` where given: a sequence
+    model's) (before_each(): run first in each)."""
     for _ in range(steps):
         if before_each is not None:
             before_each()
-        loss = model(torch.randn(rows, model_inputs(model), generator=g)).square().mean()
+        loss = model(torch.randn(*(shape or (rows, model_inputs(model))), generator=g)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
 
-def _square_loss_run(make, watched: bool, lr: float):
-    """(model, watcher or None): four SGD steps of square_loss_steps on make() from seed 0, under
+def _square_loss_run(make, watched: bool, lr: float, steps: int = 4):
+    """(model, watcher or None): `steps` SGD steps of square_loss_steps on make() from seed 0, under
     watch(formats=("fp16", "bf16"), shadow_every=1) or unobserved."""
     torch.manual_seed(0)
     model = make()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(1)
     with watch(model, formats=("fp16", "bf16"), shadow_every=1) if watched else contextlib.nullcontext() as w:
-        square_loss_steps(model, optimizer, g, 4, 16)
+        square_loss_steps(model, optimizer, g, steps, 16)
     return model, w
 
 
@@ -393,11 +395,7 @@ def test_an_fp8_replay_that_finds_no_product_to_quantise_measures_nothing():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     with watch(model, formats=("e4m3", "bf16"), shadow_every=1) as w:
-        for _ in range(4):
-            loss = model(torch.randn(8, 6, 8, generator=g)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        square_loss_steps(model, optimizer, g, 4, 8, shape=(8, 6, 8))
     report = w.report()
     assert set(report.shadow_evidence["rnn"]) == {"bf16"} and report.shadow_evidence["rnn"]["bf16"]["grad_rel_error"] > 0
     notes = report.run["notes"]
@@ -624,12 +622,7 @@ def test_a_forward_that_writes_its_input_is_replayed_as_one_that_does_not():
     # x.mul_(2) wrote into the captured input, so each replay saw the input doubled once more (fp16's error
     # 0.23 against bf16's 0.004); each replay now gets fresh copies: the evidence equals that of x * 2
     def run(in_place):
-        torch.manual_seed(0)
-        model = DoublesItsInput(in_place)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        g = torch.Generator().manual_seed(1)
-        with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
-            square_loss_steps(model, optimizer, g, 6, 16)
+        _, w = _square_loss_run(lambda: DoublesItsInput(in_place), watched=True, lr=0.01, steps=6)
         return w.report().shadow_evidence
 
     assert run(in_place=True) == run(in_place=False)
@@ -650,21 +643,6 @@ def test_state_kept_for_the_full_batch_costs_the_noise_floor_not_the_shadow_step
     assert w.shadow.error is None and w.shadow.record.unsplit_steps >= 2
     assert report.shadow_evidence["lin"]["fp16"]["steps"] >= 2 and report.shadow_evidence["lin"]["bf16"]["steps"] >= 2
     assert any("half a batch failed" in note and "must match the size" in note for note in report.run["notes"])
-
-
-class Checkpointed(nn.Module):
-    def __init__(self, reentrant: bool | None):
-        super().__init__()
-        self.a = nn.Sequential(nn.Linear(10, 32), nn.Dropout(0.2), nn.ReLU())
-        self.b = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
-        self.head = nn.Linear(32, 3)
-        self.reentrant = reentrant
-
-    def forward(self, x):
-        h = self.a(x)
-        if self.reentrant is None:
-            return self.head(self.b(h))
-        return self.head(torch.utils.checkpoint.checkpoint(self.b, h, use_reentrant=self.reentrant))
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
@@ -794,11 +772,7 @@ def test_an_overflow_inside_a_module_without_parameters_is_named_in_the_summary(
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     with watch(model, formats=("fp16", "bf16"), shadow_every=1) as w:
-        for _ in range(3):
-            loss = model(torch.randn(4, 6, 8, generator=g)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        square_loss_steps(model, optimizer, g, 3, 4, shape=(4, 6, 8))
     report = w.report()
     assert report.shadow_summary()["overflow_sources"]["fp16"] == {"scores": 1}
     assert "scores" not in [layer.name for layer in report.layers]     # no layer: its ops carry the verdict

@@ -23,6 +23,7 @@ import torch
 
 import fpsim
 from emulate_helpers import TINY, emulated, gpt, twin
+from framework_helpers import Checkpointed, tiny_gpt2
 from fpsim.analyze.gpt import token_batches
 from fpsim.emulate import BlockScaling, CurrentScaling, DelayedScaling, FP8Recipe, PerChannelScaling
 from fpsim.emulate.fp8 import FP8Layer, FP8Linear, TensorScale, fp32_gemm
@@ -248,24 +249,6 @@ def test_a_linear_under_weight_norm_runs_its_gemm_in_fp8():
     assert not np.allclose(y.detach().numpy(), x.numpy() @ w.T, rtol=1e-3)
 
 
-class _Checkpointed(torch.nn.Module):
-    """Two Linear+GELU blocks and a head; the second block under torch.utils.checkpoint (reentrant or not) or
-    run plainly (None)."""
-
-    def __init__(self, reentrant):
-        super().__init__()
-        self.a = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
-        self.b = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
-        self.head = torch.nn.Linear(16, 3)
-        self.reentrant = reentrant
-
-    def forward(self, x):
-        h = self.a(x)
-        if self.reentrant is None:
-            return self.head(self.b(h))
-        return self.head(torch.utils.checkpoint.checkpoint(self.b, h, use_reentrant=self.reentrant))
-
-
 @pytest.mark.parametrize("recipe", ["fp8", "fp8-current", "mxfp8"])
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_a_checkpointed_block_trains_as_the_same_model_without_checkpointing(recipe, reentrant):
@@ -275,7 +258,7 @@ def test_a_checkpointed_block_trains_as_the_same_model_without_checkpointing(rec
     # again with the scales of its forward (no amax recorded twice): the run equals the plain model's
     def train(reentrant):
         torch.manual_seed(0)
-        model = _Checkpointed(reentrant)
+        model = Checkpointed(reentrant, inputs=16)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         g = torch.Generator().manual_seed(1)
         with fpsim.emulate(model, recipe) as em:
@@ -299,7 +282,6 @@ def test_transformers_conv1d_runs_in_fp8_as_the_same_linear_does():
     now trains step for step as the nn.Linear holding W^T does under the same recipe, bit for bit, and a tiny
     GPT-2's projections are FP8 layers with the scales of their tensors."""
     transformers = pytest.importorskip("transformers")
-    from framework_helpers import tiny_gpt2
 
     torch.manual_seed(0)
     conv = transformers.pytorch_utils.Conv1D(6, 8)
