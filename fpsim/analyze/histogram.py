@@ -110,7 +110,7 @@ class Log2Counter:
         self.kernel = _fasthist is not None if kernel is None else bool(kernel)
         self._f64_maps = {}
         self._local = threading.local()  # per-thread scratch buffers (hooks may run in autograd threads)
-        self._plain = (torch.Tensor, torch.nn.Parameter)   # what on_host checks, at hand (it runs per tensor)
+        self.plain = (torch.Tensor, torch.nn.Parameter)    # what on_host checks, at hand (it runs per tensor)
         self._strided = torch.strided
         self._kinds = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -126,7 +126,7 @@ class Log2Counter:
     def on_host(self, x) -> bool:
         """Whether the compiled kernel reads `x`: a plain contiguous float32/16/bf16 CPU tensor (numpy counts
         and a float amax from `count`, compact pairs from `count_pairs`)."""
-        return (self.kernel and x.__class__ in self._plain and x.is_cpu and x.dtype in self._kinds
+        return (self.kernel and x.__class__ in self.plain and x.is_cpu and x.dtype in self._kinds
                 and x.layout is self._strided and x.is_contiguous() and not x.is_neg())
 
     def kind_of(self, x) -> int:

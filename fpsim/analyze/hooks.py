@@ -765,6 +765,8 @@ class Watcher:
         in-place op, whose version torch bumps only after it).
         """
 
+        if tensor.__class__ not in self._counter.plain:
+            tensor = getattr(tensor, "_local_tensor", tensor)   # a DTensor: this rank's part (ranks are summed)
         if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
             self._probe_recipes(name, kind, tensor, unscale)
         store = self._store
@@ -949,8 +951,8 @@ class Watcher:
         if self.unplain_params:
             names = sorted(self.unplain_params)
             notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "
-                         f"are tensor subclasses (DTensor: FSDP's fully_shard): their weights, weight gradients and "
-                         f"updates are not observed")
+                         f"are tensor subclasses (DTensor: FSDP2's fully_shard, tensor parallelism): their weights, "
+                         f"weight gradients and updates are not observed")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
         if self.shadow is not None:

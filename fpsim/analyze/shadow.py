@@ -328,6 +328,8 @@ class ShadowSteps:
             self.notes.append(f"{name_of(model) or type(core).__name__} is TorchScript: no shadow steps "
                               f"(verdicts from value counts)")
             return
+        if self._refuses_subclasses(core, name_of(model) or type(core).__name__):
+            return
         self._busy, self._step_of, self._name_of = busy, step_of, name_of
         self._hook(core)
         if type(model).__name__ == "OptimizedModule":
@@ -551,9 +553,28 @@ class ShadowSteps:
         except Exception as err:
             self._fail(err)
 
+    def _refuses_subclasses(self, core, label: str) -> bool:
+        """Whether `core` holds parameters that are tensor subclasses (DTensor: FSDP2's fully_shard, tensor
+        parallelism), which no shadow step replays: a replay copies the parameters and calls the forward on the
+        copies while the watcher's work runs with Python dispatch off, where a subclass's own operations cannot
+        run (a DTensor's copy crashed the process), and a sharded forward gathers its parameters with
+        collectives of its own. Then a note says so and the shadow steps stop."""
+        import torch
+
+        plain = (torch.Tensor, torch.nn.Parameter)
+        kinds = sorted({type(p).__name__ for p in core.parameters() if type(p) not in plain})
+        if not kinds:
+            return False
+        self.notes.append(f"{label} holds parameters that are tensor subclasses ({', '.join(kinds)}): no shadow steps "
+                          f"(verdicts from value counts)")
+        self.close()
+        return True
+
     def _replay(self, capture) -> None:
         import torch
 
+        if self._refuses_subclasses(self.core, self._name_of(self.core) or type(self.core).__name__):
+            return                     # (sharded after watch began)
         named = list(self.core.named_parameters())
         others = {str(p.dtype).removeprefix("torch.") for _, p in named if _recast(p.dtype)}
         # a model wholly in FP16/BF16 (pure low-precision training) or FP64 (which autocast leaves as it is) is

@@ -187,6 +187,8 @@ def cmd_analyze(args) -> int:
         _print_written(run.written, args.out, run.watcher.save_error, sys.stderr)
         return 1
     progress.done()
+    if report is not None and report.rank != 0:   # under torchrun: rank 0 writes and summarises the report
+        return 0
     if report is None or not report.layers:
         print("fpsim analyze: nothing was observed (no module ran a forward pass with gradients enabled)",
               file=sys.stderr)

@@ -62,3 +62,42 @@ def test_two_ranks_reduce_to_one_report(tmp_path):
     assert layer["tensors"]["activation"]["samples"] == 8               # 4 steps x 2 ranks
     assert layer["tensors"]["weight"]["samples"] == 4                   # replicated: rank 0's only
     assert layer["tensors"]["weight"]["values"] == np.load(tmp_path / "weights0.npy").size * 4
+
+
+TORCHRUN_SCRIPT = """
+import torch, torch.distributed as dist
+from torch import nn
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(dist.get_rank())
+for step in range(6):
+    loss = nn.functional.mse_loss(model(torch.randn(8, 16, generator=g)), torch.randn(8, 4, generator=g))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_fpsim_analyze_under_torchrun_succeeds_on_every_rank(tmp_path):
+    """`torchrun -m fpsim analyze`: rank 0 writes and prints the report of both ranks, and every rank exits 0
+    (before, rank 1, which writes nothing, exited 1, and torchrun took the job for failed and terminated rank 0)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "fpsim", "analyze", "--out", str(tmp_path / "out"), "--shadow-every", "0",
+                          "--quiet", str(script)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("report written to") == 1                            # one summary, rank 0's
+    assert sum(line.startswith("layer ") for line in run.stdout.splitlines()) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["run"]["world_size"] == 2
+    layer = next(layer for layer in report["layers"] if layer["name"].endswith(".0"))
+    assert layer["tensors"]["activation"]["samples"] == 2 * 6       # both ranks' six steps

@@ -1,8 +1,9 @@
-"""FSDP2's fully_shard on the CPU (gloo, one process): the watch must not break the run.
+"""FSDP2's fully_shard and tensor parallelism on the CPU (gloo, one process): the watch must not break the run.
 
 Source of truth: the same sharded model trained unwatched (parameters bit for bit) and torch itself (the
-run completes; before the guard, counting the DTensor parameters in the optimizer's pre-hook crashed the
-process with a segmentation fault on torch 2.13).
+run completes; before the guards, counting the DTensor parameters in the optimizer's pre-hook, and copying
+them for a shadow step, crashed the process with a segmentation fault on torch 2.13); for the DTensor
+activations of tensor parallelism, the number of values the model's outputs hold.
 """
 
 from __future__ import annotations
@@ -25,21 +26,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def sharded_run(watched: bool):
-    from torch.distributed.device_mesh import init_device_mesh
+def fully_sharded(model, mesh):
     from torch.distributed.fsdp import fully_shard
+
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def tensor_parallel(model, mesh):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh, {"0": ColwiseParallel(use_local_output=False), "2": RowwiseParallel()})
+
+
+def sharded_run(watched: bool, shard=fully_sharded, **options):
+    from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in (model[0], model[2]):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        shard(model, init_device_mesh("cpu", (1,)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(1)
-        watch = fpsim.watch(model, formats=("fp16",)) if watched else None
+        watch = fpsim.watch(model, formats=("fp16",), **options) if watched else None
         if watch is not None:
             watch.__enter__()
         for _ in range(3):
@@ -55,11 +66,16 @@ def sharded_run(watched: bool):
         dist.destroy_process_group()
 
 
-def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see():
+@pytest.fixture
+def gloo():
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
+
+
+@pytest.mark.parametrize("shadow_every", [None, 1])
+def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see(gloo, shadow_every):
     plain, _ = sharded_run(watched=False)
-    observed, w = sharded_run(watched=True)
+    observed, w = sharded_run(watched=True, shadow_every=shadow_every)
     for a, b in zip(plain, observed):
         assert torch.equal(a, b)
     report = w.report()
@@ -67,3 +83,18 @@ def test_fully_shard_on_cpu_runs_unchanged_and_says_what_it_did_not_see():
     assert "activation" in report.layer("0").tensors
     assert w.step == 3 and report.layer("0").tensors["activation"].samples == 3   # the optimizer's steps, counted
     assert any("DTensor" in note for note in w.notes())
+    if shadow_every:                                       # no replay of sharded parameters: the counts judge
+        assert any("tensor subclasses (DTensor): no shadow steps" in note for note in w.notes())
+        assert not report.shadow_evidence
+
+
+def test_tensor_parallel_activations_are_counted_from_their_local_part(gloo):
+    """Column-parallel outputs kept as DTensors (use_local_output=False): each is counted from this rank's part
+    (here all of it: one rank), 16 x 16 values per step, where before the first one stopped the observation."""
+    plain, _ = sharded_run(watched=False, shard=tensor_parallel)
+    observed, w = sharded_run(watched=True, shard=tensor_parallel, shadow_every=1)
+    for a, b in zip(plain, observed):
+        assert torch.equal(a, b)
+    assert w.observation_error is None
+    activation = w.report().layer("0").tensors["activation"]
+    assert activation.samples == 3 and activation.hist.total == 3 * 16 * 16
