@@ -94,7 +94,9 @@ class FP8Linear(torch.autograd.Function):
             y = y + bias.detach().to(out_dtype).to(_FP32)   # the bias in the activations' dtype, added in FP32
         ctx.save_for_backward(rows, sx, w8, sw)
         ctx.layer, ctx.shape, ctx.dtypes = layer, x.shape, (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return y.to(out_dtype).reshape(*x.shape[:-1], w8.shape[0])
+        # not a view (of the 2-D product), as nn.Linear's output is not: an in-place op on a view would drop
+        # the hooks FSDP2 puts on a module's output
+        return torch.ops.aten._unsafe_view(y.to(out_dtype), (*x.shape[:-1], w8.shape[0]))
 
     @staticmethod
     def backward(ctx, grad):

@@ -79,6 +79,19 @@ def test_an_fp8_linear_layer_forward_by_hand():
     assert y.tolist()[0] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (4, 3, 2)])
+def test_an_fp8_linear_layer_output_is_not_a_view(shape):
+    """As nn.Linear's output of a matrix is not (torch's own, checked here too): FSDP2 warns of a module output
+    that is a view, and an in-place op on one drops the hook it puts there."""
+    layer, _, w, b = _layer()
+    x = torch.randn(shape, requires_grad=True)
+    assert torch.nn.functional.linear(x[0] if len(shape) == 3 else x, w, b)._base is None
+    y = FP8Linear.apply(x, w, b, layer, F32)
+    assert y.shape == (*shape[:-1], 2) and y._base is None
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+
+
 @pytest.mark.parametrize("fmt, grad_codes, grad_scale", [("hybrid", (57344, 6144), 57344), ("e4m3", (448, 44), 448)])
 def test_an_fp8_linear_layer_backward_by_hand(fmt, grad_codes, grad_scale):
     """Output gradient (1, 0.1): E5M2 (hybrid) scales it by 57344/1: 0.1 -> 5734.4 -> 6144 (E5M2 step 1024 in
