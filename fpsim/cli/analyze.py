@@ -228,6 +228,8 @@ def _emulated(args, script_args) -> int:
         print(f"fpsim analyze: the training script raised {type(err).__name__} under emulation: {err}",
               file=sys.stderr)
         return 1
+    if not confirm.writes():                   # under torchrun: rank 0 writes and prints
+        return code
     if args.json:
         print_json(section)
     else:

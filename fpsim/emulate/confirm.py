@@ -49,6 +49,10 @@ def check_confirm(script, args, recipe, confirming: bool, formats) -> None:
     name = ScriptEmulation(script, args, recipe).name     # the script and the recipe checked
     if not confirming:
         return
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        raise ValueError("--confirm runs the script four times in one process, which a script that sets up "
+                         "torch.distributed once cannot take: run it as one process (without torchrun), or "
+                         "use --emulate RECIPE under torchrun")
     needed = formats_judged(recipe)
     if not needed:
         raise ValueError(f"--confirm needs a low-precision recipe to confirm, not {name}")
@@ -112,9 +116,16 @@ def _section(script, args, runs, steps, on_run) -> tuple:
     return {"recipe": name, "steps": steps, "seed": SEED, "figure": FIGURE, "runs": out}, errors
 
 
+def writes() -> bool:
+    """Whether this process writes the runs' files: rank 0 alone under a launcher that starts one process per
+    rank (torchrun, accelerate and DeepSpeed set RANK); every rank runs the script, its collectives need them."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
+
+
 def _written(section: dict, errors: list, out, report) -> dict:
-    """Write the section; then raise RunsFailed if some run raised, else return it."""
-    _write(section, out, report)
+    """Write the section (rank 0: `writes`); then raise RunsFailed if some run raised, else return it."""
+    if writes():
+        _write(section, out, report)
     if errors:
         raise RunsFailed(section, errors)
     return section

@@ -80,20 +80,25 @@ for step in range(6):
 """
 
 
-@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
-def test_fpsim_analyze_under_torchrun_succeeds_on_every_rank(tmp_path):
-    """`torchrun -m fpsim analyze`: rank 0 writes and prints the report of both ranks, and every rank exits 0
-    (before, rank 1, which writes nothing, exited 1, and torchrun took the job for failed and terminated rank 0)."""
+def _torchrun(tmp_path, *options):
+    """`torchrun --standalone --nproc_per_node 2 -m fpsim analyze OPTIONS train.py` in tmp_path: the run."""
     import subprocess
     import sys
 
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "fpsim", "analyze", "--out", str(tmp_path / "out"), "--shadow-every", "0",
-                          "--quiet", str(script)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "fpsim", "analyze", "--out", str(tmp_path / "out"), "--quiet", *options,
+                           str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_fpsim_analyze_under_torchrun_succeeds_on_every_rank(tmp_path):
+    """`torchrun -m fpsim analyze`: rank 0 writes and prints the report of both ranks, and every rank exits 0
+    (before, rank 1, which writes nothing, exited 1, and torchrun took the job for failed and terminated rank 0)."""
+    run = _torchrun(tmp_path, "--shadow-every", "0")
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("report written to") == 1                            # one summary, rank 0's
     assert sum(line.startswith("layer ") for line in run.stdout.splitlines()) == 1
@@ -101,3 +106,24 @@ def test_fpsim_analyze_under_torchrun_succeeds_on_every_rank(tmp_path):
     assert report["run"]["world_size"] == 2
     layer = next(layer for layer in report["layers"] if layer["name"].endswith(".0"))
     assert layer["tensors"]["activation"]["samples"] == 2 * 6       # both ranks' six steps
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_an_emulated_run_under_torchrun_runs_on_every_rank_and_rank_0_writes(tmp_path):
+    """--emulate runs the script on both ranks (its DDP all-reduces need them), and rank 0 alone writes and
+    prints its losses (before, both ranks wrote the same file and printed)."""
+    run = _torchrun(tmp_path, "--emulate", "bf16")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("losses written to") == 1
+    runs = json.loads((tmp_path / "out" / "emulation.json").read_text())["runs"]
+    assert [len(r["losses"]) for r in runs] == [6]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_confirm_under_torchrun_is_refused_before_anything_runs(tmp_path):
+    """--confirm runs the script four times in one process, which the script's one init_process_group does
+    not allow: a usage error at once (before, rank 0 waited forever for the rank that had exited)."""
+    run = _torchrun(tmp_path, "--confirm", "--emulate", "bf16")
+    assert run.returncode != 0
+    assert "--confirm runs the script four times in one process" in run.stderr
+    assert not (tmp_path / "out").exists()
