@@ -191,16 +191,19 @@ def _same(result):
     return result
 
 
-def accept(x) -> Accepted:
+def accept(x, stochastic: bool = False) -> Accepted:
     """Turn any accepted input into a numpy array or torch tensor; TypeError for anything else.
 
     Nothing is changed in place: byte-swapped, masked and foreign arrays are copied or viewed.
     The result comes back as the input's kind: a scalar for a scalar, a masked array with the
-    same mask, a matrix, an array of the input's array-API library.
+    same mask, a matrix, an array of the input's array-API library, a DTensor on the same mesh
+    with the same placements. stochastic: the caller draws random bits by element index.
     """
     if type(x) is np.ndarray:  # the common case first (each check below costs a call's time)
         return Accepted(_plain(x), _same if x.flags.c_contiguous else _layout_of(x))
     if is_torch(x):
+        if type(x).__name__ == "DTensor":
+            return _dtensor(x, stochastic)
         return Accepted(x, _same if x.is_contiguous() else _layout_of(x))
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a boolean {x!r}; allowed: {ALLOWED_INPUTS}")
@@ -226,6 +229,26 @@ def accept(x) -> Accepted:
     if hasattr(x, "__array_namespace__") or hasattr(x, "__dlpack__") or hasattr(x, "__array__"):
         return _foreign(x)
     raise TypeError(f"cannot round {type(x).__name__}; allowed: {ALLOWED_INPUTS}")
+
+
+def _dtensor(x, stochastic: bool) -> Accepted:
+    """A DTensor (torch.distributed: sharded or replicated): its local part, and the result put back on its
+    mesh with its placements. Rounding element by element commutes with sharding and replication, but not
+    with a pending sum (a Partial placement), and stochastic rounding's draws follow the index in the local
+    part (the same on every shard, where a replica needs the same key on every rank): both refused."""
+    placements = tuple(x.placements)
+    if any(p.is_partial() for p in placements):
+        raise ValueError(f"cannot round a DTensor with a pending sum (placements {placements}): reduce it first "
+                         f"(x.redistribute(placements=[Replicate()]) or x.full_tensor())")
+    if stochastic:
+        raise ValueError("stochastic rounding of a DTensor: round x.full_tensor(), or x.to_local() with a seed "
+                         "of each rank's own (its draws follow the index in the local part)")
+    inner = accept(x.to_local())        # (differentiable: a gradient reaches x)
+
+    def give_back(result):
+        return type(x).from_local(inner.give_back(result), x.device_mesh, placements, shape=x.shape,
+                                  stride=x.stride())
+    return Accepted(inner.array, give_back)
 
 
 def _layout_of(x):

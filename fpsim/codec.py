@@ -49,7 +49,7 @@ def encode(x, fmt: "str | Format", rounding: str = "nearest_even", saturate: boo
     if block_options:
         raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
                         f"block formats only)")
-    accepted = _arrays.accept(x)
+    accepted = _arrays.accept(x, options.rounding == "stochastic")
     array = _arrays.detached(accepted.array)
     if _arrays.is_meta(array):  # no data: the result's shape and dtype
         return accepted.give_back(_arrays.Ops(array).empty(array.shape, code_dtype(fmt).name))

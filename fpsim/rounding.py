@@ -45,7 +45,8 @@ def quantize(
     """Round `x` to the nearest values of `fmt` under `rounding`; same array type and device back.
 
     x: numpy array or scalar (float16/32/64 in any byte order, ml_dtypes types,
-       integers), Python number or list, masked array, matrix, torch tensor, or
+       integers), Python number or list, masked array, matrix, torch tensor
+       (a DTensor: each rank's part; not a pending sum, not stochastically), or
        an array of another library (array API / DLPack, e.g. jax). Floats are
        rounded once from their exact value.
     fmt: a format name (``"e4m3"``, ``"bf16"``, ...), a float dtype
@@ -95,7 +96,7 @@ def quantize(
     if block_options:
         raise TypeError(f"unexpected keyword arguments {sorted(block_options)} (axis and scale_rule apply to "
                         f"block formats only)")
-    accepted = _arrays.accept(x)
+    accepted = _arrays.accept(x, options.rounding == "stochastic")
     array = accepted.array
     if compile:
         _compiled.check(array, options.rounding)

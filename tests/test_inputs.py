@@ -404,3 +404,45 @@ def test_a_channels_last_or_transposed_tensor_keeps_its_layout_as_torchs_own_cas
         assert torch.equal(x.grad, torch.ones_like(x))
         codes = encode(x.detach(), name)
         assert codes.stride() == expected.stride() and torch.equal(decode(codes, name), expected)
+
+
+@pytest.fixture
+def one_rank_mesh(tmp_path):
+    """A torch.distributed process group of one rank (gloo) and its CPU device mesh."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensors_round_as_their_full_tensors_and_stay_dtensors(one_rank_mesh):
+    """A sharded DTensor (FSDP2's parameters, tensor parallelism's outputs) rounds element by element, as
+    torch's own E4M3 cast rounds its full tensor; its codes too; a gradient goes through to it."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    full = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)) * 10
+    x = distribute_tensor(full, one_rank_mesh, [Shard(0)]).requires_grad_(True)
+    y = fpsim.quantize(x, "e4m3")
+    assert type(y) is type(x) and tuple(y.placements) == (Shard(0),)
+    assert torch.equal(y.full_tensor(), full.to(torch.float8_e4m3fn).float())
+    codes = fpsim.encode(x.detach(), "e4m3")
+    assert torch.equal(codes.full_tensor(), full.to(torch.float8_e4m3fn).view(torch.uint8))
+    y.full_tensor().sum().backward()
+    assert torch.equal(x.grad.full_tensor(), torch.ones(8, 4))
+
+
+def test_dtensors_that_rounding_does_not_commute_with_are_refused(one_rank_mesh):
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    pending = DTensor.from_local(torch.ones(4), one_rank_mesh, [Partial()])
+    with pytest.raises(ValueError, match="pending sum"):
+        fpsim.quantize(pending, "e4m3")
+    sharded = distribute_tensor(torch.ones(4), one_rank_mesh, [Shard(0)])
+    with pytest.raises(ValueError, match="stochastic rounding of a DTensor"):
+        fpsim.quantize(sharded, "e4m3", "stochastic", seed=0)
