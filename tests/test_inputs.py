@@ -433,6 +433,7 @@ def test_dtensors_round_as_their_full_tensors_and_stay_dtensors(one_rank_mesh):
     assert torch.equal(y.full_tensor(), full.to(torch.float8_e4m3fn).float())
     codes = fpsim.encode(x.detach(), "e4m3")
     assert torch.equal(codes.full_tensor(), full.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(fpsim.decode(codes, "e4m3").full_tensor(), full.to(torch.float8_e4m3fn).float())
     y.full_tensor().sum().backward()
     assert torch.equal(x.grad.full_tensor(), torch.ones(8, 4))
 
