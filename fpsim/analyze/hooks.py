@@ -37,7 +37,7 @@ import numpy as np
 from ..trace import OUTSIDE, IdentityMap, ModuleNames, Tracer, unwrap
 from .histogram import MASS_SIZE, Log2Counter
 from .limits import is_low_precision, resolve_formats
-from .nested import float_tensors
+from .nested import float_tensors, is_subclass
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
 from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
 from .shadow import ShadowSteps
@@ -249,7 +249,7 @@ class Watcher:
                 continue
             self._hidden.discard(name)
             for p in own:
-                if type(p) not in (torch.Tensor, torch.nn.Parameter):   # DTensor (FSDP2 fully_shard) and others
+                if is_subclass(p):                       # DTensor (FSDP2 fully_shard) and others
                     self.unplain_params.add(name)
                     self._unplain_owner[p] = name
                     continue

@@ -17,6 +17,14 @@ MAX_DEPTH = 32
 """Containers nested deeper than this are leaves (and a container that holds itself ends there)."""
 
 
+def is_subclass(tensor) -> bool:
+    """A tensor subclass (a DTensor of FSDP2 or tensor parallelism, ...), not torch.Tensor or nn.Parameter: its
+    values are not in its own storage, and its operations need Python dispatch."""
+    import torch
+
+    return type(tensor) not in (torch.Tensor, torch.nn.Parameter)
+
+
 def leaves(tree) -> list:
     """Every leaf of `tree`, in order."""
     out: list = []

@@ -73,7 +73,7 @@ from ..trace import ModuleHook, run_eagerly
 from .evidence import threshold
 from .gradient_error import Reference, flat
 from .limits import LOW_PRECISION_DTYPES, is_low_precision
-from .nested import float_tensors, leaves, map_leaves
+from .nested import float_tensors, is_subclass, leaves, map_leaves
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound
 
 COMMAND_LINE_EVERY = 10
@@ -328,7 +328,7 @@ class ShadowSteps:
             self.notes.append(f"{name_of(model) or type(core).__name__} is TorchScript: no shadow steps "
                               f"(verdicts from value counts)")
             return
-        if self._refuses_subclasses(core, name_of(model) or type(core).__name__):
+        if self._refuses_subclasses(core.parameters(), name_of(model) or type(core).__name__):
             return
         self._busy, self._step_of, self._name_of = busy, step_of, name_of
         self._hook(core)
@@ -553,16 +553,13 @@ class ShadowSteps:
         except Exception as err:
             self._fail(err)
 
-    def _refuses_subclasses(self, core, label: str) -> bool:
-        """Whether `core` holds parameters that are tensor subclasses (DTensor: FSDP2's fully_shard, tensor
+    def _refuses_subclasses(self, parameters, label: str) -> bool:
+        """Whether the root's `parameters` hold tensor subclasses (DTensor: FSDP2's fully_shard, tensor
         parallelism), which no shadow step replays: a replay copies the parameters and calls the forward on the
         copies while the watcher's work runs with Python dispatch off, where a subclass's own operations cannot
         run (a DTensor's copy crashed the process), and a sharded forward gathers its parameters with
         collectives of its own. Then a note says so and the shadow steps stop."""
-        import torch
-
-        plain = (torch.Tensor, torch.nn.Parameter)
-        kinds = sorted({type(p).__name__ for p in core.parameters() if type(p) not in plain})
+        kinds = sorted({type(p).__name__ for p in parameters if is_subclass(p)})
         if not kinds:
             return False
         self.notes.append(f"{label} holds parameters that are tensor subclasses ({', '.join(kinds)}): no shadow steps "
@@ -573,9 +570,9 @@ class ShadowSteps:
     def _replay(self, capture) -> None:
         import torch
 
-        if self._refuses_subclasses(self.core, self._name_of(self.core) or type(self.core).__name__):
-            return                     # (sharded after watch began)
         named = list(self.core.named_parameters())
+        if self._refuses_subclasses((p for _, p in named), self._name_of(self.core) or type(self.core).__name__):
+            return                     # (sharded after watch began)
         others = {str(p.dtype).removeprefix("torch.") for _, p in named if _recast(p.dtype)}
         # a model wholly in FP16/BF16 (pure low-precision training) or FP64 (which autocast leaves as it is) is
         # replayed in FP32, as for AMP; one that mixes them with FP32 parameters (a frozen BF16 part beside FP32
