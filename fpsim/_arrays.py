@@ -503,13 +503,14 @@ class Ops:
 
     def host_values(self, x) -> np.ndarray:
         """A numpy array holding x's values exactly: a numpy array as it is; a tensor copied to the host
-        in float64 (float64 and integer tensors) or float32 (the narrower floats)."""
+        in float64 (float64 tensors), float32 (the narrower floats) or int64 (integer tensors)."""
         if not self.torch:
             return x
         torch = self._torch
         x = x.detach().cpu()
-        wide = x.dtype == torch.float64 or not x.is_floating_point()
-        return (x.to(torch.float64) if wide else x.float()).numpy()
+        if not x.is_floating_point():
+            return x.to(torch.int64).numpy()
+        return (x if x.dtype == torch.float64 else x.float()).numpy()
 
     def quiet_float_errors(self):
         """numpy's overflow/invalid warnings off (lanes the caller replaces); torch warns of none, and

@@ -134,8 +134,8 @@ def host_array(x):
     device = ops.device
     array = ops.host_values(x)
     in_fmt = _arrays.input_format(array)
-    if in_fmt is None:  # integers: exact in float64 up to 2^53
-        big = np.abs(array.astype(object) if array.dtype == object else array.astype(np.float64)) > 2**53
+    if in_fmt is None:  # integers: exact in float64 up to 2^53 (compared as integers, before any conversion)
+        big = (array > 2**53) | (array < -2**53)
         if np.any(big):
             raise ValueError(f"integer {array[np.nonzero(big)][0]!r} exceeds 2^53; block formats and recipes "
                              f"take floats or integers exact in float64")
@@ -180,14 +180,50 @@ class BlockEncoding:
     dtype: str
 
 
-def _prepare(x, fmt, axis, scale_rule):
+def _prepare(x, fmt, axis, scale_rule, rounding: str = "nearest_even"):
+    """(format, _Blocks or None for a meta tensor, torch device or None, _arrays.Accepted of x)."""
     fmt = format(fmt)
     if not isinstance(fmt, BlockFormat):
         raise TypeError(f"{fmt.name} is not a block format")
     if scale_rule is not None:
         fmt = fmt.with_rule(scale_rule)
-    array, device = host_array(x)
-    return fmt, _cut(array, fmt, axis), device
+    accepted = _arrays.accept(x, rounding == "stochastic")
+    if _arrays.is_meta(accepted.array):
+        _axes(axis, accepted.array.ndim, fmt)
+        return fmt, None, None, accepted
+    array, device = host_array(accepted.array)
+    blocks = _cut(array, fmt, axis)
+    _refuse_split_blocks(x, blocks.axes, fmt)
+    return fmt, blocks, device, accepted
+
+
+def _refuse_split_blocks(x, axes: tuple, fmt: BlockFormat) -> None:
+    """A DTensor sharded along a blocked axis: each rank would cut its own part into blocks, which are not
+    the whole tensor's (ValueError)."""
+    if type(x).__name__ != "DTensor":
+        return
+    split = [p for p in x.placements if p.is_shard() and p.dim % x.ndim in axes]
+    if split:
+        raise ValueError(f"{fmt.name} cuts blocks along axes {axes}, and this DTensor is sharded along "
+                         f"{split[0].dim}: quantise x.full_tensor(), or shard along another axis")
+
+
+def _meta_shapes(x, fmt: BlockFormat, axis) -> tuple:
+    """(scales' shape, an input of one block in x's dtype on the host): what a meta tensor's results need."""
+    axes = _axes(axis, x.ndim, fmt)
+    size = dict(zip(axes, fmt.block_shape))
+    scales = tuple(-(-n // size[i]) if i in size else n for i, n in enumerate(x.shape))
+    one = np.zeros(tuple(size.get(i, 1) for i in range(x.ndim)),
+                   dtype=np.float64 if x.dtype.is_floating_point and x.itemsize == 8 or not x.dtype.is_floating_point
+                   else np.float32)
+    return scales, one
+
+
+def _meta_like(x, shape, array):
+    """A meta tensor of `shape` in the torch dtype of numpy `array` (no data: a traced call's result)."""
+    import torch
+
+    return torch.empty(shape, dtype=torch.from_numpy(np.asarray(array)).dtype, device="meta")
 
 
 def _scales(blocks: _Blocks, fmt: BlockFormat):
@@ -300,8 +336,12 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     device for torch input.
     """
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
-    fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
+    fmt, blocks, device, accepted = _prepare(x, fmt, axis, scale_rule, rounding)
+    if blocks is None:  # a meta tensor: the result's shape and dtype
+        _, one = _meta_shapes(accepted.array, fmt, axis)
+        return accepted.give_back(_meta_like(accepted.array, accepted.array.shape,
+                                             np.empty(0, _result_dtype(fmt, one.dtype == np.float64))))
     dtype = _result_dtype(fmt, blocks.view.dtype == np.float64)
     native = None
     if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
@@ -311,7 +351,7 @@ def quantize(x, fmt, rounding: str = "nearest_even", saturate: bool = False, see
     else:
         scale, tensor_scale, nan_blocks = _scales(blocks, fmt)
         values = _elements(blocks, fmt, scale, tensor_scale, nan_blocks, rounding, False, rng, dtype)
-    return on_device(blocks.unblock(values), device)
+    return accepted.give_back(on_device(blocks.unblock(values), device))
 
 
 @subnormals_kept
@@ -320,8 +360,18 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
            flush_subnormal_outputs: bool = False) -> BlockEncoding:
     """x in block format `fmt` as codes: a BlockEncoding (.codes, .scales, .tensor_scale); options as quantize."""
     _check_unsupported(saturate, flush_subnormal_inputs, flush_subnormal_outputs)
-    fmt, blocks, device = _prepare(x, fmt, axis, scale_rule)
     rng = _random(rounding, seed, generator, rand_bits)
+    if type(x).__name__ == "DTensor":
+        raise ValueError(f"encode of a DTensor in {fmt if isinstance(fmt, str) else format(fmt).name}: its codes "
+                         f"and block scales are not one sharded tensor; encode x.to_local() on each rank, or "
+                         f"x.full_tensor()")
+    fmt, blocks, device, accepted = _prepare(x, fmt, axis, scale_rule, rounding)
+    if blocks is None:  # a meta tensor: the results' shapes and dtypes
+        scales_shape, one = _meta_shapes(accepted.array, fmt, axis)
+        probe = encode(one, fmt, axis=axis)
+        ts = None if probe.tensor_scale is None else _meta_like(accepted.array, (), probe.tensor_scale)
+        return BlockEncoding(accepted.give_back(_meta_like(accepted.array, accepted.array.shape, probe.codes)),
+                             _meta_like(accepted.array, scales_shape, probe.scales), ts, fmt, probe.axis, probe.dtype)
     native = None
     if _native_blocks.covers(fmt, blocks.runs, blocks.view.dtype, rounding):
         native = _native_blocks.quantize(blocks.view, fmt, rounding, code_dtype(fmt.element))
@@ -335,8 +385,8 @@ def encode(x, fmt, rounding: str = "nearest_even", saturate: bool = False, seed=
     ts = None
     if tensor_scale is not None:
         ts = on_device(np.float32(tensor_scale), device)
-    return BlockEncoding(on_device(blocks.unblock(codes), device), on_device(scale_codes, device), ts, fmt,
-                         blocks.axes, dtype.name)
+    return BlockEncoding(accepted.give_back(on_device(blocks.unblock(codes), device)),
+                         on_device(scale_codes, device), ts, fmt, blocks.axes, dtype.name)
 
 
 def _scale_codes(scale, scale_format):
@@ -352,15 +402,22 @@ def decode(encoding: BlockEncoding):
     if not isinstance(encoding, BlockEncoding):
         raise TypeError(f"decode of a block format takes a BlockEncoding, got {type(encoding).__name__}")
     fmt = encoding.format
-    device = _arrays.Ops(encoding.codes).device
-    host = [_arrays.Ops(a).to_host(a) for a in (encoding.codes, encoding.scales)]
-    codes, scale_codes = host
+    if (encoding.tensor_scale is None) != (fmt.tensor_scale is None):
+        raise ValueError(f"{fmt.name} " + ("has a tensor scale: this encoding's tensor_scale is None"
+                                           if fmt.tensor_scale is not None else
+                                           f"has no tensor scale, got tensor_scale {encoding.tensor_scale!r}"))
+    accepted = _arrays.accept(encoding.codes)   # masked codes give masked values, meta codes meta values
+    if _arrays.is_meta(accepted.array):
+        return accepted.give_back(_meta_like(accepted.array, accepted.array.shape, np.empty(0, encoding.dtype)))
+    device = _arrays.Ops(accepted.array).device
+    codes, scale_codes = (_arrays.Ops(a).to_host(a) for a in (accepted.array, encoding.scales))
     blocks = _cut(np.zeros(codes.shape, dtype=np.float32), fmt, encoding.axis)
     expected = tuple(np.delete(blocks.view.shape, blocks.element_axes))
     if scale_codes.shape != expected:
         raise ValueError(f"scales of shape {scale_codes.shape} do not fit codes of shape {codes.shape} in "
                          f"{fmt.name} along axes {encoding.axis}: expected {expected}")
     if fmt.kind == "int":
+        _check_int_codes(codes, fmt.element)
         signed = codes.astype(np.int64)
         signed = np.where(signed >= 1 << (fmt.element.bits - 1), signed - (1 << fmt.element.bits), signed)
         elements = signed * 2.0 ** -fmt.element.frac_bits
@@ -370,4 +427,15 @@ def decode(encoding: BlockEncoding):
     values = blocks.block(elements) * scale
     if fmt.tensor_scale is not None:
         values = values * float(encoding.tensor_scale)
-    return on_device(blocks.unblock(values.astype(encoding.dtype)), device)
+    return accepted.give_back(on_device(blocks.unblock(values.astype(encoding.dtype)), device))
+
+
+def _check_int_codes(codes: np.ndarray, element) -> None:
+    """Integer element codes (two's complement in `element.bits`), as decode of a float element checks its own."""
+    if codes.dtype.kind not in "iu":
+        raise TypeError(f"codes of {element.name} must be integers, got dtype {codes.dtype}")
+    outside = (codes < 0) | (codes >= 1 << element.bits)
+    if np.any(outside):
+        i = tuple(int(k[0]) for k in np.nonzero(outside))
+        raise ValueError(f"code {codes[i]} at index {i} is outside 0..{(1 << element.bits) - 1} for "
+                         f"{element.name} ({element.bits} bits)")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from fractions import Fraction
 from typing import Callable
 
@@ -226,8 +227,11 @@ class BlockFormat:
                              f"mantissa bits (e8m0) and no tensor scale, not scale={self.scale.name}")
         if not rule.power_of_two and not (self.scale.signed or self.scale.zero):
             raise ValueError(f"scale_rule {rule.name!r} rounds to the scale format, which needs a zero")
-        if not isinstance(self.amax_floor, (int, float)) or not 0 <= self.amax_floor < math.inf:
+        if isinstance(self.amax_floor, (bool, np.bool_)) or not isinstance(self.amax_floor, numbers.Real) \
+                or not 0 <= self.amax_floor < math.inf:
             raise ValueError(f"amax_floor must be a finite number >= 0, got {self.amax_floor!r}")
+        if isinstance(self.amax_floor, np.generic):   # a numpy scalar as the Python number of the same value
+            set_("amax_floor", self.amax_floor.item())
         if self.name is None:
             blocks = "x".join(map(str, self.block_shape))
             set_("name", f"{self.element}x{blocks}_{self.scale.name}_{self.scale_rule}")

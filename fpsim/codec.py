@@ -87,6 +87,9 @@ def decode(codes, fmt: "str | Format | None" = None):
     if fmt is None:
         from . import block_codec
         return block_codec.decode(codes)
+    if type(codes).__name__ == "BlockEncoding":
+        raise TypeError(f"a BlockEncoding carries its format ({codes.format.name}): decode it without one, "
+                        f"fpsim.decode(encoding)")
     fmt = get_format(fmt)
     accepted = _arrays.accept(codes)
     out_fmt = PRESETS["fp32"] if PRESETS["fp32"].contains(fmt) else PRESETS["fp64"]

@@ -447,3 +447,123 @@ def test_dtensors_that_rounding_does_not_commute_with_are_refused(one_rank_mesh)
     sharded = distribute_tensor(torch.ones(4), one_rank_mesh, [Shard(0)])
     with pytest.raises(ValueError, match="stochastic rounding of a DTensor"):
         fpsim.quantize(sharded, "e4m3", "stochastic", seed=0)
+
+
+# ------------------------------------------------------- block formats: every input kind
+def _mx_oracle(row):
+    """One MXFP8 E4M3 block's dequantised values from the OCP MX v1.0 oracle (fpsim.exact_blocks)."""
+    from fpsim import exact_blocks
+
+    return exact_blocks.quantize_block(row, "e4m3", "e8m0", "floor")[2]
+
+
+def test_block_formats_keep_a_masked_arrays_mask_a_matrix_and_a_fortran_order():
+    """As element formats do: the mask stays (its slots round as zeros, which leave the block's amax alone),
+    a matrix comes back a matrix, a Fortran-ordered array in its order; the values are the spec's."""
+    data = np.random.default_rng(0).normal(size=(2, 32)) * 5
+    masked = np.ma.masked_array(data, mask=np.arange(64).reshape(2, 32) % 7 == 0)
+    values = fpsim.quantize(masked, "mxfp8_e4m3")
+    assert isinstance(values, np.ma.MaskedArray) and np.array_equal(values.mask, masked.mask)
+    plain = np.where(masked.mask, 0.0, data)
+    assert np.array_equal(values.data, [_mx_oracle(row) for row in plain])
+    codes = fpsim.encode(masked, "mxfp8_e4m3")
+    assert np.array_equal(codes.codes.mask, masked.mask)
+    back = fpsim.decode(codes)
+    assert np.array_equal(back.mask, masked.mask) and np.array_equal(back.data, values.data)
+    assert type(fpsim.quantize(np.asmatrix(data), "mxfp8_e4m3")) is np.matrix
+    fortran = np.asfortranarray(data.astype(np.float32))
+    result = fpsim.quantize(fortran, "mxfp8_e4m3")
+    assert result.flags.f_contiguous and np.array_equal(result, [_mx_oracle(row) for row in fortran])
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_integers_beyond_2_53_are_refused_by_block_formats_as_numpy_int64_or_torch_int64(fmt):
+    # a torch int64 tensor was converted to float64 first (2^54 * 17 + 1 silently became 2^54 * 17), and
+    # numpy's 2^53 + 1 passed the check after the same conversion
+    for big in (17 * 2**54 + 1, 2**53 + 1, -(2**53) - 1):
+        with pytest.raises(ValueError, match="exceeds 2\\^53"):
+            fpsim.quantize(np.array([big, 1] * 16, dtype=np.int64), fmt)
+        if torch is not None:
+            with pytest.raises(ValueError, match="exceeds 2\\^53"):
+                fpsim.quantize(torch.tensor([big, 1] * 16, dtype=torch.int64), fmt)
+    exact_ints = np.array([2**53, -(2**53)] * 16, dtype=np.int64)
+    assert np.array_equal(fpsim.quantize(exact_ints, fmt), fpsim.quantize(exact_ints.astype(np.float64), fmt))
+
+
+def test_decode_of_mxint8_refuses_codes_outside_its_8_bits_as_float_elements_do():
+    enc = fpsim.encode(np.linspace(-1, 1, 32), "mxint8")
+    for bad in (300, -5, 1000):
+        codes = enc.codes.astype(np.int64)
+        codes[0] = bad
+        with pytest.raises(ValueError, match=f"code {bad} at index \\(0,\\) is outside 0..255"):
+            fpsim.decode(BlockEncodingOf(enc, codes))
+    with pytest.raises(TypeError, match="must be integers"):
+        fpsim.decode(BlockEncodingOf(enc, enc.codes.astype(np.float64) + 0.7))
+    assert np.array_equal(fpsim.decode(enc), fpsim.quantize(np.linspace(-1, 1, 32), "mxint8"))
+
+
+def BlockEncodingOf(enc, codes):
+    import dataclasses
+
+    return dataclasses.replace(enc, codes=codes)
+
+
+def test_decode_names_what_is_wrong_with_an_encoding():
+    enc = fpsim.encode(np.ones(32, dtype=np.float32), "nvfp4")
+    with pytest.raises(TypeError, match="carries its format \\(nvfp4\\)"):
+        fpsim.decode(enc, "nvfp4")
+    with pytest.raises(ValueError, match="nvfp4 has a tensor scale: this encoding's tensor_scale is None"):
+        fpsim.decode(BlockEncodingOfScale(enc, None))
+    mx = fpsim.encode(np.ones(32, dtype=np.float32), "mxfp4")
+    with pytest.raises(ValueError, match="mxfp4 has no tensor scale"):
+        fpsim.decode(BlockEncodingOfScale(mx, 1.0))
+
+
+def BlockEncodingOfScale(enc, tensor_scale):
+    import dataclasses
+
+    return dataclasses.replace(enc, tensor_scale=tensor_scale)
+
+
+@pytest.mark.parametrize("value", [np.float32(1e-4), np.float16(0.5), np.int64(1), 2])
+def test_a_block_formats_amax_floor_takes_any_real_number_it_names(value):
+    fmt = fpsim.BlockFormat("e4m3", "fp32", 128, "nearest", amax_floor=value)
+    assert fmt.amax_floor == float(value)
+    with pytest.raises(ValueError, match="amax_floor must be a finite number >= 0, got True"):
+        fpsim.BlockFormat("e4m3", "fp32", 128, "nearest", amax_floor=True)
+
+
+@requires_torch
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4", "mxint8"])
+def test_meta_tensors_give_block_results_of_the_real_shapes_and_dtypes(fmt):
+    """A meta tensor (torch.compile's tracing) has no data: its results have the shapes and dtypes that the
+    same call on real data gives (it raised 'Cannot copy out of meta tensor')."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        real_in = torch.randn(3, 40).to(dtype)
+        meta_in = torch.empty(3, 40, dtype=dtype, device="meta")
+        real, meta = fpsim.quantize(real_in, fmt), fpsim.quantize(meta_in, fmt)
+        assert meta.device.type == "meta" and (meta.shape, meta.dtype) == (real.shape, real.dtype)
+        real_enc, meta_enc = fpsim.encode(real_in, fmt), fpsim.encode(meta_in, fmt)
+        for a, b in ((real_enc.codes, meta_enc.codes), (real_enc.scales, meta_enc.scales)):
+            assert b.device.type == "meta" and (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert (real_enc.tensor_scale is None) == (meta_enc.tensor_scale is None)
+        decoded = fpsim.decode(meta_enc)
+        assert decoded.device.type == "meta" and decoded.dtype == fpsim.decode(real_enc).dtype
+
+
+def test_dtensors_in_block_formats_round_as_their_full_tensor_where_blocks_are_whole(one_rank_mesh):
+    """Sharded along an axis without blocks, each rank's blocks are the full tensor's: the same values and a
+    DTensor back (before, a plain tensor of the local part came back). Sharded along the blocked axis, a rank's
+    blocks would not be the full tensor's: refused, as is encode (its codes and scales are no one DTensor)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    full = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 10
+    rows = distribute_tensor(full, one_rank_mesh, [Shard(0)])
+    y = fpsim.quantize(rows, "mxfp8_e4m3")
+    assert type(y) is type(rows) and tuple(y.placements) == (Shard(0),)
+    assert torch.equal(y.full_tensor(), torch.tensor([_mx_oracle(row[:32]) + _mx_oracle(row[32:])
+                                                      for row in full.tolist()]))
+    with pytest.raises(ValueError, match="sharded along 1"):
+        fpsim.quantize(distribute_tensor(full, one_rank_mesh, [Shard(1)]), "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="encode of a DTensor"):
+        fpsim.encode(rows, "mxfp8_e4m3")
