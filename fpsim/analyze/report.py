@@ -65,7 +65,12 @@ class Report:
         """The report saved at `path` (its folder or its report.json), to render, save or compare again."""
         from .load import read_report_json, report_fields
 
-        return cls(*report_fields(read_report_json(path)))
+        data = read_report_json(path)
+        try:
+            return cls(*report_fields(data))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:   # a damaged file
+            missing = f"no {err.args[0]!r} entry" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            raise ValueError(f"{os.fspath(path)!r} is not a complete report: {missing}") from None
 
     @property
     def formats(self) -> list:
@@ -85,9 +90,23 @@ class Report:
     def verdict(self, layer: str, fmt: str) -> str:
         """'ok', 'loss_scale' or 'fp32' for a layer or an op site ('Net.attn:mul') and a format name."""
         self.layer(layer)
-        if fmt not in self.verdicts[layer]:
-            raise KeyError(f"format {fmt!r} was not watched; formats: {', '.join(self.formats)}")
-        return self.verdicts[layer][fmt].verdict
+        return self.verdicts[layer][self.format_name(fmt)].verdict
+
+    def format_name(self, fmt) -> str:
+        """The name under which the report holds a watched format, given any of its names or aliases
+        ('float16', 'BF16') or a Format; KeyError for a format that was not watched."""
+        if isinstance(fmt, str) and fmt in self.formats:
+            return fmt
+        from ..formats import format as get_format
+
+        try:
+            wanted = get_format(fmt)
+        except (ValueError, TypeError):
+            wanted = None
+        for lim in self.limits:
+            if wanted is not None and lim.fmt == wanted:
+                return lim.name
+        raise KeyError(f"format {fmt!r} was not watched; formats: {', '.join(self.formats)}")
 
     # ------------------------------------------------------------------ json
     def to_dict(self) -> dict:

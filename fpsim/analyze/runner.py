@@ -18,13 +18,15 @@ import runpy
 import sys
 import tempfile
 
+from .._script import as_main
 from .hooks import DEFAULT_FORMATS, StopRun, Watcher
 from .signals import terminate_as_exception
 
 
 def check_out(out) -> str:
-    """The report folder, created and found writable now; ValueError naming the problem otherwise."""
-    out = os.fspath(out)
+    """The report folder as an absolute path (a script that changes directory, as hydra does, still writes
+    where it was checked), created and found writable now; ValueError naming the problem otherwise."""
+    out = os.path.abspath(os.fspath(out))
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is an existing file, not a folder; give a folder for the report")
     try:
@@ -48,8 +50,8 @@ class ScriptRun:
             raise ValueError(f"steps must be a positive int or None, got {steps!r}")
         self.script, self.args, self.steps, self.out = script, [str(a) for a in args], steps, check_out(out)
         self._on_step = on_step
-        self.watcher = Watcher(None, formats, every=every, modules=modules, on_step=self._after_step, out=out,
-                               **options)
+        self.watcher = Watcher(None, formats, every=every, modules=modules, on_step=self._after_step,
+                               out=self.out, **options)
 
     def _after_step(self, step: int) -> None:
         if self._on_step is not None:
@@ -65,20 +67,14 @@ class ScriptRun:
     def run(self):
         """Run the script; (report, {file: path}). The script's exceptions (and KeyboardInterrupt, Terminated)
         propagate after the report has been written; StopRun and sys.exit(0) end the run normally."""
-        saved_argv, saved_path = sys.argv, list(sys.path)
-        sys.argv = [self.script, *self.args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(self.script)))
         try:
-            with terminate_as_exception(), self.watcher:
-                runpy.run_path(self.script, run_name="__main__")
+            with as_main(self.script, self.args), terminate_as_exception(), self.watcher:
+                runpy.run_path(os.path.abspath(self.script), run_name="__main__")
         except StopRun:
             pass
         except SystemExit as exit_:
             if exit_.code not in (None, 0):
                 raise
-        finally:
-            sys.argv = saved_argv
-            sys.path[:] = saved_path
         return self.watcher.last_report, self.watcher.saved_paths
 
 

@@ -8,7 +8,7 @@ import sys
 
 from ..analyze.shadow import COMMAND_LINE_EVERY
 from ..formats import PRESETS
-from .common import add_output_options, nonnegative_int, positive_int, print_json
+from .common import add_output_options, nonnegative_int, output_to_stderr, positive_int, print_json
 
 
 def cmd_compare(args) -> int:
@@ -84,9 +84,14 @@ def _analyzer_formats(text: str):
     return names
 
 
+def _report_json(report, paths: dict) -> dict:
+    """--json's document: the report's summary and where its files are."""
+    return {"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}}
+
+
 def _print_report(report, paths: dict, out, as_json: bool = False) -> None:
-    if as_json:  # the report's summary and where its files are
-        print_json({"summary": report.summary(), "files": {k: str(v) for k, v in paths.items()}})
+    if as_json:
+        print_json(_report_json(report, paths))
         return
     print(report.summary_table())
     _print_written(paths, out)
@@ -164,7 +169,8 @@ def cmd_analyze(args) -> int:
                     shadow_every=args.shadow_every or None, recipes_every=args.recipes_every,
                     formats=_analyzer_formats(args.formats), modules=args.modules, on_step=progress)
     try:
-        report, paths = run.run()
+        with output_to_stderr(args.json):
+            report, paths = run.run()
     except KeyboardInterrupt:
         progress.done()
         print("fpsim analyze: interrupted", file=sys.stderr)
@@ -194,15 +200,21 @@ def cmd_analyze(args) -> int:
               file=sys.stderr)
         _print_written(paths, args.out, run.watcher.save_error, sys.stderr)
         return 1
+    if args.confirm and args.json:      # one JSON document: the report's, with the emulated runs in it
+        if not paths.get("report.json"):
+            print_json(_report_json(report, paths))
+            return 1
+        return _emulated(args, script_args, _report_json(report, paths))
     _print_report(report, paths, args.out, args.json)
     if not paths.get("report.json"):
         return 1
     return _emulated(args, script_args) if args.confirm else 0
 
 
-def _emulated(args, script_args) -> int:
+def _emulated(args, script_args, report_json: dict | None = None) -> int:
     """`--emulate RECIPE` alone: the script under emulation; with `--confirm`: FP32, unprotected and
-    recommended runs into the report (fpsim.emulate.confirm). Exit codes as cmd_analyze's."""
+    recommended runs into the report (fpsim.emulate.confirm). Exit codes as cmd_analyze's. report_json: with
+    --json after the analyzer's run, its document, printed with the runs as its "emulation"."""
     import traceback
 
     from ..emulate import confirm
@@ -213,7 +225,8 @@ def _emulated(args, script_args) -> int:
     run = confirm.confirm if args.confirm else confirm.emulate_script
     code = 0
     try:
-        section = run(args.script, script_args, recipe, args.out, steps=args.steps, on_run=say)
+        with output_to_stderr(args.json):
+            section = run(args.script, script_args, recipe, args.out, steps=args.steps, on_run=say)
     except KeyboardInterrupt:
         print("fpsim analyze: interrupted", file=sys.stderr)
         return 130
@@ -227,11 +240,13 @@ def _emulated(args, script_args) -> int:
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
         print(f"fpsim analyze: the training script raised {type(err).__name__} under emulation: {err}",
               file=sys.stderr)
+        if report_json is not None:
+            print_json(report_json)
         return 1
     if not confirm.writes():                   # under torchrun: rank 0 writes and prints
         return code
     if args.json:
-        print_json(section)
+        print_json(section if report_json is None else {**report_json, "emulation": section})
     else:
         where = "report.json" if args.confirm else "emulation.json"
         print(f"\n{confirm.table(section)}\n\nlosses written to {args.out}/: {where}, {section['figure']}")

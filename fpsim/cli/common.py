@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import decimal
 import json
 import math
+import os
 import sys
 from fractions import Fraction
 
@@ -110,3 +112,27 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
+
+
+@contextlib.contextmanager
+def output_to_stderr(enabled: bool = True):
+    """What a training script prints goes to stderr while `enabled` (--json: stdout holds the JSON alone),
+    through sys.stdout and file descriptor 1 both (DataLoader workers and C code write to the descriptor)."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:            # no descriptor 1 (a closed or redirected stream without one): Python's alone
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)

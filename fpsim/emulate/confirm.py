@@ -71,7 +71,8 @@ def emulate_script(script, args, recipe, out, *, steps=None, on_run=None) -> dic
 def confirm(script, args, recipe, out, *, steps=None, on_run=None) -> dict:
     """The script in FP32, under `recipe` unprotected, and under `recipe` with from_report=out/report.json;
     the section, also written into out/report.json, with the figure beside it."""
-    report = os.path.join(os.fspath(out), "report.json")
+    report = os.path.join(os.path.abspath(os.fspath(out)), "report.json")   # read from inside the script,
+    # which may have changed directory
     name = recipe_name(recipe)
     runs = [("fp32", "fp32", {}), (f"{name}, unprotected", recipe, {}),
             (f"{name}, as the report recommends", recipe, {"from_report": report})]

@@ -21,6 +21,7 @@ import sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .._script import as_main
 from . import recipes
 from .runs import Run
 from .selection import read_report
@@ -53,30 +54,26 @@ class ScriptEmulation:
     def run(self) -> Run:
         """Run the script; its losses (one per backward pass), steps and notes. The script's exceptions
         propagate once the emulation has ended; stopping after `steps` and sys.exit(0) end it normally."""
-        saved_argv, saved_path = sys.argv, list(sys.path)
-        sys.argv = [self.script, *self.args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(self.script)))
         self._depth, self._stop_hook, self.emulation = 0, None, None
-        hooks = (torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
-                 torch.nn.modules.module.register_module_forward_hook(self._leave_module, always_call=True))
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
-        try:
-            runpy.run_path(self.script, run_name="__main__")
-        except StopScript:
-            pass
-        except SystemExit as exit_:
-            if exit_.code not in (None, 0):
-                raise
-        finally:
-            for handle in hooks:
-                handle.remove()
-            if self._stop_hook is not None:
-                self._stop_hook.remove()
-            if self.emulation is not None:
-                self.emulation.__exit__(*sys.exc_info())
-            sys.argv = saved_argv
-            sys.path[:] = saved_path
+        with as_main(self.script, self.args):
+            hooks = (torch.nn.modules.module.register_module_forward_pre_hook(self._enter_module),
+                     torch.nn.modules.module.register_module_forward_hook(self._leave_module, always_call=True))
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+            try:
+                runpy.run_path(os.path.abspath(self.script), run_name="__main__")
+            except StopScript:
+                pass
+            except SystemExit as exit_:
+                if exit_.code not in (None, 0):
+                    raise
+            finally:
+                for handle in hooks:
+                    handle.remove()
+                if self._stop_hook is not None:
+                    self._stop_hook.remove()
+                if self.emulation is not None:
+                    self.emulation.__exit__(*sys.exc_info())
         return self.result()
 
     def result(self) -> Run:

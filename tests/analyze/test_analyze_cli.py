@@ -282,3 +282,79 @@ def test_names_of_any_characters_and_report_json_first(tmp_path):
     assert set(w.saved_paths) >= {"report.json", "report.html", "magnitudes_activation.png"}
     names = [layer["name"] for layer in json.loads((tmp_path / "report.json").read_text())["layers"]]
     assert "cost$ per_unit {x}" in names and "ünïcode\tname" in names
+
+
+CHDIR_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    from torch import nn
+
+    json.dump(__file__, open(sys.argv[1], "w"))
+    os.makedirs(sys.argv[2], exist_ok=True)
+    os.chdir(sys.argv[2])                      # as hydra does: the run's own folder
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = net(torch.randn(8, 4)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+@pytest.mark.parametrize("mode", [[], ["--emulate", "bf16"], ["--emulate", "fp16", "--confirm"]])
+def test_a_script_that_changes_directory_gets_its_report_where_out_was_checked(tmp_path, monkeypatch, capsys,
+                                                                                mode):
+    """The report (and --emulate's losses) land in --out as given from where fpsim started, not under the
+    folder the script moved to (before, the folder that was checked and announced stayed empty); the script
+    sees __file__ absolute, as python gives it; every run of --confirm starts where fpsim did."""
+    import subprocess
+
+    (tmp_path / "train.py").write_text(CHDIR_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    if "--confirm" in mode:   # --confirm needs the analyzer's report first
+        assert cli.main(["analyze", "-q", "--out", "rep", "--shadow-every", "0", "train.py", "--",
+                         str(tmp_path / "file.json"), "elsewhere"]) == 0
+    code = cli.main(["analyze", "-q", "--out", "rep", *mode, "train.py", "--", str(tmp_path / "file.json"),
+                     "elsewhere"])
+    assert code == 0 and tmp_path.samefile(".")
+    written = "emulation.json" if mode and "--confirm" not in mode else "report.json"
+    assert (tmp_path / "rep" / written).is_file() and not (tmp_path / "elsewhere" / "rep").exists()
+    seen = json.loads((tmp_path / "file.json").read_text())
+    subprocess.run([sys.executable, "train.py", str(tmp_path / "file.json"), "elsewhere"], check=True)
+    assert seen == json.loads((tmp_path / "file.json").read_text()) == str(tmp_path / "train.py")
+
+
+PRINTING_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import torch
+    from torch import nn
+
+    print("the script's own line")
+    os.write(1, b"a line written to descriptor 1\\n")       # as C code and DataLoader workers write
+    net = nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(int(sys.argv[1])):
+        loss = net(torch.randn(8, 4)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+@pytest.mark.parametrize("mode", [[], ["--confirm", "--emulate", "fp16"]])
+def test_json_holds_stdout_alone_whatever_the_script_prints(tmp_path, mode):
+    """`--json` promises machine-readable output on stdout (README): before, the script's prints came first
+    and json.loads failed, and --confirm printed two documents. Now the script's lines go to stderr and
+    stdout is one JSON document."""
+    import subprocess
+
+    (tmp_path / "train.py").write_text(PRINTING_SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "fpsim", "analyze", "--json", "-q", "--shadow-every", "0", *mode,
+                           "--out", str(tmp_path / "rep"), str(tmp_path / "train.py"), "--", "4"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert set(document) == ({"summary", "files", "emulation"} if mode else {"summary", "files"})
+    assert "the script's own line" in done.stderr and "a line written to descriptor 1" in done.stderr

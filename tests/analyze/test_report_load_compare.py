@@ -77,6 +77,34 @@ def test_load_refuses_what_is_not_a_report(tmp_path):
         fpsim.Report.load(tmp_path)
 
 
+@pytest.mark.parametrize("key", ["run", "settings", "formats", "loss_scale", "gradscaler", "fp8_recipe", "layers",
+                                 "ops"])
+def test_a_report_missing_an_entry_is_a_usage_error_naming_it_not_a_changed_verdict(runs, tmp_path, capsys, key):
+    """A damaged report.json (an entry gone) raised a bare KeyError, and `fpsim compare` exited 1, the code
+    that tells CI a verdict changed; now load names the entry and compare exits 2 (docs: a path that is not a
+    report)."""
+    (_, folder), _ = runs
+    data = json.loads((folder / "report.json").read_text())
+    del data[key]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"is not a complete report: no '{key}' entry"):
+        fpsim.Report.load(tmp_path)
+    assert main(["compare", str(folder), str(tmp_path)]) == 2
+    assert f"no '{key}' entry" in capsys.readouterr().err
+
+
+def test_verdict_takes_every_name_of_a_watched_format(runs):
+    """The spellings `fpsim analyze --formats` and watch take (torch's and ml_dtypes' names, any case, a Format)
+    name the same verdict; before, 'float16' and 'BF16' were 'not watched'."""
+    (report, _), _ = runs
+    for name, aliases in (("fp16", ["float16", "FP16", fpsim.format("fp16")]),
+                          ("bf16", ["bfloat16", "BF16"]), ("e4m3", ["float8_e4m3fn", "E4M3"])):
+        for alias in aliases:
+            assert report.verdict("body.0", alias) == report.verdict("body.0", name)
+    with pytest.raises(KeyError, match="format 'e5m2' was not watched; formats: fp16, bf16, e4m3"):
+        report.verdict("body.0", "e5m2")
+
+
 def test_compare_lists_what_the_two_reports_judge_differently(runs):
     (ra, a), (rb, b) = runs
     c = compare(a, b)
