@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import fpsim
 from fpsim.cli import main
 
 
@@ -297,3 +298,23 @@ def test_analyze_passes_everything_after_the_first_double_dash_to_the_script(tmp
     assert json.loads(record.read_text()) == script_args
     subprocess.run([sys.executable, str(script), *script_args], check=True)
     assert json.loads(record.read_text()) == script_args
+
+
+def test_cast_to_an_unsigned_format_shows_no_negative_neighbours(capsys):
+    """e8m0 and e5m3fnu hold no negative value: -3 rounds to their NaN (as ml_dtypes casts it), and its
+    neighbours were shown as -4 < -3 < -2 or '-3 is exactly representable'."""
+    out = run(capsys, "cast", "--to", "e8m0", "--", "-3")[1]
+    assert np.isnan(float(ml_dtypes.float8_e8m0fnu(-3.0)))
+    assert f"bits        11111111  (0x{np.array(np.nan, dtype=ml_dtypes.float8_e8m0fnu).view(np.uint8):02x})" in out
+    assert "neighbours  none: e8m0 has no negative values" in out and "-4" not in out
+    facts = json.loads(run(capsys, "cast", "--json", "--to", "e5m3fnu", "--", "-3")[1])[0]
+    assert facts["result"] == "nan" and facts["neighbours"] is None
+
+
+def test_cast_of_nan_to_a_format_without_nan_says_there_is_none(capsys):
+    """quantize refuses NaN for e2m1 (no NaN code); cast printed 'result nan' as if it were a value."""
+    with pytest.raises(ValueError, match="e2m1 has no NaN"):
+        fpsim.quantize(np.float32(np.nan), "e2m1")
+    assert "result      none: e2m1 has no NaN" in run(capsys, "cast", "--to", "e2m1", "nan")[1]
+    facts = json.loads(run(capsys, "cast", "--json", "--to", "e2m1", "nan")[1])[0]
+    assert facts["result"] is None and facts["code"] is None and facts["note"] == "e2m1 has no NaN"

@@ -175,15 +175,20 @@ def cmd_cast(args) -> int:
                   f"{fmt.man_bits} mantissa, bias {fmt.bias})")
             print(f"rounding    {args.rounding}{', saturating' if args.saturate else ''}"
                   + (" (one draw, u = 1/2)" if args.rounding == "stochastic" else ""))
-            print(f"result      {fmt_number(result) if result == result else 'nan'}")
             if result != result:  # the engine's NaN keeps the input's sign (where the format's NaN has one)
                 negative = value < 0 if isinstance(value, Fraction) else math.copysign(1.0, value) < 0
                 result = -math.nan if negative else math.nan
-            try:
-                print(f"bits        {_bits_string(exact.encode_value(result, fmt), fmt)}")
-            except ValueError as err:
-                print(f"bits        none: {err}")
+            code, missing = _code(result, fmt)
+            if missing:       # (NaN in a format without one: fpsim.quantize refuses it too)
+                print(f"result      none: {missing}")
+            else:
+                print(f"result      {fmt_number(result) if result == result else 'nan'}")
+                print(f"bits        {_bits_string(code, fmt)}")
             if isinstance(value, Fraction) and value != 0 and not stand_in:
+                if value < 0 and not fmt.signed:
+                    print(f"neighbours  none: {fmt.name} has no negative values")
+                    print()
+                    continue
                 low, high = exact.neighbours(fmt, abs(value))
                 if value < 0:
                     low, high = -high, -low
@@ -201,19 +206,28 @@ def cmd_cast(args) -> int:
     return 0
 
 
+def _code(result: float, fmt: Format) -> tuple:
+    """(the code of a rounded result, None) or (None, why the format holds no such value)."""
+    try:
+        return exact.encode_value(result, fmt), None
+    except ValueError as err:
+        return None, str(err)
+
+
 def _cast_facts(text: str, value, stand_in, fmt: Format, result: float, args) -> dict:
     """One cast as data: what `fpsim cast` prints, for scripts."""
     if result != result:  # the engine's NaN keeps the input's sign (where the format's NaN has one)
         negative = value < 0 if isinstance(value, Fraction) else math.copysign(1.0, value) < 0
         result = -math.nan if negative else math.nan
-    try:
-        code = exact.encode_value(result, fmt)
-    except ValueError:
-        code = None
+    code, missing = _code(result, fmt)
+    note = "; ".join(n for n in (stand_in, missing) if n) or None
     facts = {"input": text, "format": fmt.name, "rounding": args.rounding, "saturate": args.saturate,
-             "result": json_number(result), "code": code,
-             "bits": _bits_string(code, fmt).split("  (")[0] if code is not None else None, "note": stand_in}
+             "result": None if missing else json_number(result), "code": code,
+             "bits": _bits_string(code, fmt).split("  (")[0] if code is not None else None, "note": note}
     if isinstance(value, Fraction) and value != 0 and not stand_in:
+        if value < 0 and not fmt.signed:
+            facts["neighbours"] = None          # no negative values at all
+            return facts
         low, high = exact.neighbours(fmt, abs(value))
         low, high = (-high, -low) if value < 0 else (low, high)
         facts["neighbours"] = [json_number(low), json_number(high)]
