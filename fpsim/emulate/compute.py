@@ -11,9 +11,15 @@ Inf: torch's cast, which fpsim's tests hold bit for bit to fpsim.quantize). Tens
 their real dtypes, so type promotion, autograd and saved tensors are those of a real
 low-precision run. Matrix products can go to a tensor-core model instead (`gemm`).
 
+Arguments an op writes (its schema marks them `(a!)`: self of an in-place op, out= tensors, every
+tensor of a written list, as foreach ops and fused optimizers write theirs) are widened like the
+others and the result is rounded back into the real tensor, resized first where the op resized its
+widened copy (out= an empty tensor).
+
 Which dtype each output gets is asked once per op and argument signature from the op's meta
-kernel. Ops that only move or cast values (views, copies, cat, indexing, ...) are exact in
-any dtype and run as they are, and so do ops whose result the dtype itself defines (random
+kernel. Ops that only move or cast values (views, in-place view ops such as transpose_ and
+squeeze_, copies, cat, indexing, ...) are exact in any dtype and run as they are, on the real
+tensors, and so do ops whose result the dtype itself defines (random
 sampling on its grid, nan_to_num's defaults at its limits, nextafter; `_passes`): in FP32 they
 would give values torch never gives in the low dtype. An op without a meta kernel runs in the
 low format, by torch, and is named in `unemulated`.
@@ -39,7 +45,7 @@ _EXACT = frozenset((
     "_to_copy", "copy_", "clone", "detach", "alias", "lift_fresh", "_unsafe_view", "cat", "stack", "index",
     "index_select", "gather", "masked_fill", "masked_fill_", "where", "embedding", "slice_backward",
     "select_backward", "constant_pad_nd", "_local_scalar_dense", "fill_", "zero_", "masked_select",
-    "scalar_tensor", "zeros", "ones", "full", "empty", "empty_strided", "resize_", "set_", "split_with_sizes",
+    "scalar_tensor", "zeros", "ones", "full", "empty", "empty_strided", "split_with_sizes",
 ))
 
 
@@ -50,12 +56,15 @@ replacements for +-Inf are the dtype's largest finite values, nextafter steps to
 
 def _passes(func) -> bool:
     """Whether torch's result in the low dtype is already the emulated one: the op makes no new
-    values, or the dtype defines its result (`_OF_THE_DTYPE`; and every random sampler, known by
+    values (a view; an in-place view op, torch's tag `inplace_view`, which changes only its tensor's
+    sizes, strides or storage: transpose_, squeeze_, as_strided_, resize_, set_, detach_ ...; a copy),
+    or the dtype defines its result (`_OF_THE_DTYPE`; and every random sampler, known by
     its Generator argument, which draws on the dtype's own grid and range: uniform_ stays below
     its upper bound, random_ within the dtype's integers)."""
     schema = func._schema
     name = schema.name.split("::")[-1]
-    return (func.is_view or name in _EXACT or name.endswith("_like") or name.startswith(("new_", "empty"))
+    return (func.is_view or torch.Tag.inplace_view in func.tags or name in _EXACT or name.endswith("_like")
+            or name.startswith(("new_", "empty"))
             or name.rstrip("_") in _OF_THE_DTYPE
             or any(str(a.type) in ("Generator", "Optional[Generator]") for a in schema.arguments))
 
@@ -100,8 +109,8 @@ class FP32Compute(TorchDispatchMode):
         written = []
 
         def widen(x, writes):
-            if isinstance(x, (list, tuple)):
-                return type(x)(widen(t, False) for t in x)
+            if isinstance(x, (list, tuple)):      # a written list (foreach ops, fused optimizers) writes each element
+                return type(x)(widen(t, writes) for t in x)
             if isinstance(x, torch.Tensor) and x.dtype in LOW:
                 wide = x.float()
                 if writes:
@@ -121,6 +130,8 @@ class FP32Compute(TorchDispatchMode):
             out = func(*wide_args, **wide_kwargs)
         originals = {}
         for original, wide in written:
+            if wide.shape != original.shape:    # an output torch resized (out= an empty tensor): resize the real one
+                _resize_as(original, wide)
             original.copy_(wide)           # the in-place result, rounded into the real tensor
             originals[id(wide)] = original
         return _round_outputs(out, iter(targets), originals)
@@ -150,6 +161,14 @@ class FP32Compute(TorchDispatchMode):
         if key is not None:
             self._dtypes[key] = dtypes
         return dtypes
+
+
+def _resize_as(original, wide):
+    """Give `original` the sizes and strides the op gave `wide`, its widened copy, when it resized it as an
+    output: as torch's resize_output and the kernel's strides would have done to `original` itself."""
+    original.resize_(wide.shape)
+    if original.stride() != wide.stride():
+        original.as_strided_(wide.shape, wide.stride())
 
 
 def _low_dtype(args, kwargs):

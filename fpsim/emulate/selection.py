@@ -73,6 +73,12 @@ class Names:
         raise ValueError(f"{what}: {name!r} is no module of {self.label}; its modules: {known}"
                          f"{', ...' if len(self.modules) > 13 else ''}")
 
+    def is_module(self, name: str) -> bool:
+        """Whether `name` names a module (watch or analyze style): such a name is the module's even where it
+        holds a colon (a ModuleDict key "enc:0"), before any reading as ``Module:op``."""
+        return name == self.label or (name != "" and name in self.modules) or \
+            (name.startswith(self.label + ".") and name[len(self.label) + 1:] in self.modules)
+
     def of_type(self, cls) -> list:
         return [n for n, m in self.modules.items() if isinstance(m, cls)]
 
@@ -107,7 +113,7 @@ class Names:
                 if not matched:
                     raise ValueError(f"{what}: {self.label} has no module of type {entry.__name__}")
                 target.update(matched)
-            elif isinstance(entry, str) and ":" in entry:
+            elif isinstance(entry, str) and ":" in entry and not self.is_module(entry):
                 if into != "kept_modules":
                     raise ValueError(f"{what} takes modules, not ops: {entry!r}")
                 module, op = self.op_site(entry, what)

@@ -11,7 +11,9 @@ While the block runs, and only then:
 * FP8 recipes run each linear layer's GEMMs on FP8 inputs scaled by fpsim.recipes' rules
   (`fpsim.emulate.fp8`);
 * a fixed loss scale multiplies the gradient each backward pass starts from and divides
-  every parameter's gradient as it arrives (in FP32, before accumulation);
+  every parameter's gradient as it arrives (in FP32, before accumulation): each parameter of
+  the model gets one hook, at entry or before the first backward pass it can take part in
+  (a layer unfrozen in the loop, a lazy module's parameters materialised by its first forward);
 * modules and ops to keep run in FP32, autocast off, their inputs cast to FP32, as one
   writes it by hand; with `layers`, only those modules are emulated and their outputs
   return to FP32.
@@ -26,14 +28,17 @@ every hook, mode and kernel it installed: the run goes on as if no emulation had
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import numbers
 import sys
 import warnings
 
 import torch
+from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 
 from ..trace import OUTSIDE, ModuleHook, Tracer, run_eagerly
 from . import recipes
@@ -113,6 +118,8 @@ class Emulation:
         self._autocast_stack: list = []     # (autocast context, frame of the call it lasts for, a step?)
         self._fp8_stack: list = []
         self._fp8_of: dict = {}              # FP8 nn.Linear module -> its FP8Layer
+        self._fp8_ran: set = set()           # the FP8Layers that ran a product
+        self._unscaling: dict = {}           # id(parameter) -> (parameter, its unscaling hook's handle)
         self._compute = None
         self._exit = None
 
@@ -130,7 +137,7 @@ class Emulation:
         if isinstance(self.recipe, recipes.FP8Recipe):
             for fmt in dict.fromkeys(self.recipe.element_formats):
                 for name in read_report(path, fmt).fp32:     # a layer, or an op of a linear layer: not in FP8
-                    module, _, op = name.rpartition(":") if ":" in name else (name, "", "")
+                    module, _, op = name.rpartition(":") if not self._names.is_module(name) else (name, "", "")
                     if module == OUTSIDE:
                         continue
                     module = self._names.module(module, "from_report")
@@ -181,6 +188,10 @@ class Emulation:
         if compute is not None and compute.unmodelled:
             self.notes.append(f"accumulated in FP32, not on the {self.device} tensor-core model (only matrix "
                               f"products are modelled): " + ", ".join(sorted(compute.unmodelled)))
+        idle = [name for name, layer in self.fp8_layers.items() if layer not in self._fp8_ran]
+        if idle and (self._fp8_ran or self.losses):
+            self.notes.append(f"FP8 layers that ran no FP8 product in the block (their forward was not called; a "
+                              f"product with their weight outside it runs in {self.recipe.base}): " + ", ".join(idle))
         return False
 
     def summary(self) -> dict:
@@ -225,18 +236,28 @@ class Emulation:
             self._compute = FP32Compute(self._gemm)
             stack.enter_context(self._compute)
         stack.enter_context(_Functions(self))
+        fp8 = isinstance(self.recipe, recipes.FP8Recipe)
+        outside = _multiplied_outside(model) if fp8 else set()
+        not_fp8 = []
         for name, module in model.named_modules():
             if name in selection.kept_modules:
                 self._hook(stack, module, self._enter_fp32, self._leave)
             elif selection.layers is not None and name in selection.layers and self.low is not None:
                 self._hook(stack, module, self._enter_layer, self._leave_layer)
-            if isinstance(self.recipe, recipes.FP8Recipe) and _fp8_module(module) and selection.runs_fp8(name):
+            if fp8 and _fp8_module(module) and selection.runs_fp8(name):
+                if module in outside:
+                    not_fp8.append(name)
+                    continue
                 self.fp8_layers[name] = self._fp8_of[module] = FP8Layer(self.recipe, self._fp8_gemm)
                 self._hook(stack, module, self._enter_fp8, self._leave_fp8)
+        if not_fp8:
+            self.notes.append(f"not FP8 layers, run in {self.recipe.base}: {', '.join(not_fp8)} (nn.MultiheadAttention "
+                              f"multiplies by its out_proj's weight itself, in F.multi_head_attention_forward, never "
+                              f"calling the layer, so TransformerEngine's te.Linear in its place would not run it in "
+                              f"FP8 either; te.MultiheadAttention has FP8 projections of its own)")
         if self.loss_scale is not None:
-            for param in model.parameters():
-                if param.requires_grad:
-                    stack.callback(param.register_hook(self._unscale).remove)
+            stack.callback(self._remove_unscaling)
+            self._hook_unscaling()
         stack.callback(register_optimizer_step_pre_hook(self._before_step).remove)
         stack.callback(register_optimizer_step_post_hook(self._after_step).remove)
 
@@ -307,6 +328,19 @@ class Emulation:
             if mode is not None:
                 mode.__exit__(None, None, None)
 
+    def _hook_unscaling(self):
+        """Put the unscaling hook on each parameter of the model that can take a gradient now and has none yet:
+        at entry, and before each backward pass, so that a layer unfrozen in the loop or a lazy module's
+        parameters (materialised by its first forward) are unscaled too, each exactly once."""
+        for param in self.model.parameters():
+            if param.requires_grad and id(param) not in self._unscaling and not is_lazy(param):
+                self._unscaling[id(param)] = (param, param.register_hook(self._unscale))
+
+    def _remove_unscaling(self):
+        while self._unscaling:
+            _, handle = self._unscaling.popitem()[1]
+            handle.remove()
+
     def _unscale(self, grad):
         return grad * (1.0 / self.loss_scale) if self._scaling else None
 
@@ -376,6 +410,8 @@ class Emulation:
                 bound["gradient"] = grads[0]
             else:
                 bound["grad_tensors"] = grads
+        if self.loss_scale is not None:
+            self._hook_unscaling()
         with torch.autocast(self.device_type, enabled=False):
             self._scaling = self.loss_scale is not None
             try:
@@ -410,6 +446,7 @@ class Emulation:
     def _fp8_product(self, module, x, weight, bias):
         """x W^T + bias by the module's FP8 layer, in the dtype autocast would give it."""
         layer = self._fp8_of[module]
+        self._fp8_ran.add(layer)
         on = torch.is_autocast_enabled(self.device_type)
         out_dtype = torch.get_autocast_dtype(self.device_type) if on else x.dtype
         again = _recomputing()                              # recomputed in backward: the same casts again
@@ -427,6 +464,12 @@ def _fp8_module(module) -> bool:
     whose weight is stored transposed and multiplied by torch.addmm), as TransformerEngine's te.Linear replaces
     either."""
     return isinstance(module, torch.nn.Linear) or (type(module).__name__ == "Conv1D" and hasattr(module, "nf"))
+
+
+def _multiplied_outside(model) -> set:
+    """The linear layers whose weight their owner multiplies itself, never calling them: nn.MultiheadAttention's
+    out_proj (F.multi_head_attention_forward takes out_proj.weight and out_proj.bias)."""
+    return {module.out_proj for module in model.modules() if isinstance(module, torch.nn.MultiheadAttention)}
 
 
 def _own_weight(module, weight) -> bool:
@@ -481,13 +524,30 @@ def _running(frame) -> bool:
 
 
 def _to_fp32(x):
-    """x with every fp16/bf16 tensor (in tuples, lists and dicts) cast to float32."""
+    """x with every fp16/bf16 tensor cast to float32, at any depth of the containers torch's pytree knows
+    (tuples, lists, dicts, namedtuples such as PackedSequence, transformers' ModelOutput) and of other dict and
+    list subclasses. Every container keeps its type, every other leaf (an integer tensor: PackedSequence's
+    batch sizes and indices) is left as it is; x itself when nothing is cast."""
+    leaves, spec = pytree.tree_flatten(x)
+    cast = [_leaf_to_fp32(leaf) for leaf in leaves]
+    if all(new is old for new, old in zip(cast, leaves)):
+        return x
+    return pytree.tree_unflatten(cast, spec)
+
+
+def _leaf_to_fp32(x):
+    """_to_fp32 of a leaf of torch's pytree: a tensor, or a dict or list subclass pytree does not know (a copy
+    of it with its items replaced)."""
     if isinstance(x, torch.Tensor):
         return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_fp32(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _to_fp32(v) for k, v in x.items()}
+    if isinstance(x, (dict, list)):
+        items = list(x.items() if isinstance(x, dict) else enumerate(x))
+        cast = [(key, _to_fp32(value)) for key, value in items]
+        if all(new is old for (_, new), (_, old) in zip(cast, items)):
+            return x
+        x = copy.copy(x)
+        for key, value in cast:
+            x[key] = value
     return x
 
 
