@@ -148,7 +148,9 @@ def add_probes_parser(sub) -> None:
     """The subcommand `fpsim probes`."""
     p = sub.add_parser("probes", help="tensor-core features shown by the standard probes, for a device model")
     p.add_argument("--device", default="h100", help="product or generation name (default h100)")
-    p.add_argument("--inputs", default="fp16", help="input format of the tensor core (default fp16)")
+    p.add_argument("--inputs", default="fp16", help="input format of the tensor core, one the device takes "
+                                                    "(default fp16); block formats (mxfp8_e4m3, nvfp4, ...) are "
+                                                    "not probed")
     p.add_argument("--output", default="fp32", help="output (accumulator) format (default fp32)")
     p.add_argument("--path", choices=["native", "fp16"],
                    help="FP8 only: native FP8 MMAs or binary16 MMAs (default: native where the device has it)")

@@ -38,6 +38,7 @@ from ..formats import PRESETS, Format, format as get_format
 from ..rounding import quantize
 from . import blockfma
 from .blockfma import BlockFMA
+from .values import exact_float64
 
 _FP32 = PRESETS["fp32"]
 METHODS = ("exact", "fp32", "pairwise", "kahan")
@@ -75,7 +76,8 @@ class Schedule:
 def accumulate(products, K: int, c, params: BlockFMA, schedule: Schedule, output: Format, ops, finite: bool):
     """All K products added to c (float64 values of `output`) by the schedule; float64 values
     of the epilogue's format (else of `output`). products(ks) gives the products of index slice
-    or array ks and their alignment exponents; finite: no product is Inf or NaN."""
+    or array ks and their alignment exponents; finite: no product is Inf or NaN. K = 0 gives c
+    under every schedule (-0 included)."""
     with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 lanes are settled by blockfma
         if schedule.promote_every:
             slices = _slices(K, schedule.promote_every)
@@ -83,7 +85,7 @@ def accumulate(products, K: int, c, params: BlockFMA, schedule: Schedule, output
             for lo, hi in slices:
                 total = _fp32_add(total, sequential(products, lo, hi, ops.constant(0.0, c), params, ops, finite))
             out = _round_to(total, output)
-        elif schedule.split_k > 1:
+        elif schedule.split_k > 1 and K:  # (K = 0 has no slice: c, as sequential gives it)
             per = -(-(-(-K // params.k)) // schedule.split_k) * params.k
             partials = [sequential(products, lo, hi, c if lo == 0 else ops.constant(0.0, c), params, ops, finite)
                         for lo, hi in _slices(K, per)]
@@ -119,11 +121,14 @@ def _round_to(total, output: Format):
 
 # ------------------------------------------------------------------- references
 def reference_dot(a, b, c=None, method: str = "exact"):
-    """sum_k a[..., k] * b[..., k] + c[...] by a reference method; binary32 result
-    (numpy float32, or a torch float32 tensor on a's device).
+    """sum_k a[..., k] * b[..., k] + c[...] by a reference method; binary32 result of shape
+    a.shape[:-1], whatever the method and K: a numpy float32 array (0-d for 1-d a, as
+    TensorCore.dot gives), or a torch float32 tensor on a's device.
 
     a, b and c must hold binary32 values (ValueError otherwise: the products are exact only
-    then). K = 0 gives c (+0 without c); NaN and Inf follow IEEE addition (Inf - Inf is NaN)."""
+    then; integers are compared as integers). K = 0 gives c, -0 included (+0 without c); NaN,
+    Inf and the sign of a zero follow IEEE addition (Inf - Inf is NaN; an exact zero sum is -0
+    only when every term is -0, as x + y rounded to nearest gives it)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     ops = _arrays.Ops(a)
@@ -139,10 +144,10 @@ def reference_dot(a, b, c=None, method: str = "exact"):
         raise ValueError(f"c must have shape {tuple(a.shape[:-1])}, got {tuple(c.shape)}")
     products = a * b
     if method == "exact":
-        return _exact(products, c, ops)
+        return ops.array(_exact(products, c, ops))
     p32, s = ops.astype(products, "float32"), ops.astype(c, "float32")
     if method == "pairwise":
-        return (_pairwise(p32) if p32.shape[-1] else ops.zeros_like(s)) + s
+        return ops.array(_pairwise(p32) + s if p32.shape[-1] else s)
     compensation = ops.zeros_like(s)
     for k in range(p32.shape[-1]):
         if method == "fp32":
@@ -153,20 +158,20 @@ def reference_dot(a, b, c=None, method: str = "exact"):
         # (once the sum is Inf or NaN, no compensation: Inf - Inf would turn an infinite sum into NaN)
         compensation = ops.where(ops.isnan(t - t), ops.zeros_like(t), (t - s) - y)
         s = t
-    return s
+    return ops.array(s)  # (numpy: a float32 array, not the scalar that 0-d arithmetic gives)
 
 
 def _binary32_values(x, name: str, ops):
     """x as float64, refused unless every value is a binary32 value (NaN and Inf included): the
     references are exact only where float64 holds every product of two inputs exactly."""
-    x64 = ops.astype(ops.array(x), "float64")
+    advice = "; reference_dot takes binary32 inputs (float32, or float64 holding float32 values)"
+    x64 = exact_float64(_arrays.accept(x).array, name, "binary32", advice, ops)
     with np.errstate(over="ignore"):  # beyond binary32's range: Inf, refused below
         back = ops.astype(ops.astype(x64, "float32"), "float64")
     same = ops.to_host((back == x64) | (x64 != x64))
     if not same.all():
         bad = tuple(int(i) for i in np.argwhere(~same)[0])
-        raise ValueError(f"{name}{list(bad)} = {float(ops.to_host(x64)[bad])!r} is not a binary32 value; "
-                         f"reference_dot takes binary32 inputs (float32, or float64 holding float32 values)")
+        raise ValueError(f"{name}{list(bad)} = {float(ops.to_host(x64)[bad])!r} is not a binary32 value{advice}")
     return x64
 
 
@@ -181,6 +186,8 @@ def _exact(products, c, ops):
             continue
         hi = math.fsum(terms)
         rest = math.fsum(terms + [-hi]) if math.isfinite(hi) else 0.0
+        if hi == 0 and rest == 0:  # an exact zero (fsum gives +0): -0 only when every term is -0
+            hi = -0.0 if all(math.copysign(1.0, t) < 0 for t in terms) else 0.0
         # hi is the float64 nearest the exact sum; nudging it one float64 step towards
         # the remainder keeps it strictly on the exact sum's side of every binary32
         # rounding boundary, so rounding it once more is exact.

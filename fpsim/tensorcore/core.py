@@ -23,6 +23,7 @@ from ..rounding import quantize
 from . import devices
 from .accumulation import Schedule, accumulate
 from .blockfma import ZERO_EXPONENT, BlockFMA, alignment_exponents
+from .values import exact_float64
 
 
 class TensorCore:
@@ -55,7 +56,7 @@ class TensorCore:
         self.device = device
         a_name = get_any_format(inputs).name
         b_name = get_any_format(inputs_b).name if inputs_b is not None else a_name
-        devices.check_inputs(a_name, b_name)
+        devices.check_inputs(device, a_name, b_name)
         # block formats: A and B are their elements, each block of K scaled by scale_a / scale_b
         self.block_formats = ((devices.block_format(a_name), devices.block_format(b_name))
                               if devices.is_block(a_name) else None)
@@ -194,25 +195,26 @@ class TensorCore:
         return accumulate(products, K, c, self.params, self.schedule, self.output, ops, finite)
 
     def _checked(self, x, fmt: Format, name: str, ops):
-        """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`; TypeError
-        for what fpsim.quantize refuses (complex, strings, booleans). A tensor that requires grad is
-        read detached: the model is not differentiable."""
+        """x as float64 values, refused (or rounded, if asked) when not exactly in `fmt`, integers
+        compared as integers (`values`); TypeError for what fpsim.quantize refuses (complex,
+        strings, booleans). A tensor that requires grad is read detached: the model is not
+        differentiable."""
         ops.check_same(x, name)
         try:
             array = _arrays.detached(_arrays.accept(x).array)
             _arrays.input_format(array)
         except TypeError as error:
             raise TypeError(f"{name}: {error}") from None
+        advice = "; round the inputs first (fpsim.quantize) or pass round_inputs='nearest_even'"
         if self.round_inputs is not None:
-            array = quantize(array, fmt, self.round_inputs)
-        values = ops.astype(array, "float64")
+            array = quantize(array, fmt, self.round_inputs)  # (integers rounded from their exact value)
+        values = exact_float64(array, name, fmt.name, advice, ops)
         rounded = quantize(values, fmt, "nearest_even")
         same = (rounded == values) | ((rounded != rounded) & (values != values))
         if not bool(same.all()):
             bad = np.argwhere(~ops.to_host(same))[0]
             value = float(values[tuple(bad)])
-            raise ValueError(f"{name}[{', '.join(map(str, bad))}] = {value!r} is not a {fmt.name} value; round the "
-                             f"inputs first (fpsim.quantize) or pass round_inputs='nearest_even'")
+            raise ValueError(f"{name}[{', '.join(map(str, bad))}] = {value!r} is not a {fmt.name} value{advice}")
         return values
 
     def _c_values(self, c, shape, ops, like):

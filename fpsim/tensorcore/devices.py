@@ -265,11 +265,33 @@ def supported(device: str) -> list[tuple[str, str, str]]:
     return sorted((i, o, p) for (g, i, o, p) in PARAMETERS if g == gen)
 
 
-def check_inputs(inputs: str, inputs_b: str) -> None:
-    """A and B formats one instruction can take together; ValueError otherwise."""
-    if not any(inputs in group and inputs_b in group for group in INPUT_GROUPS):
-        mixable = "; ".join(" with ".join(group) for group in INPUT_GROUPS if len(group) > 1)
-        raise ValueError(f"mixed input formats are FP8 and MX only ({mixable}); got {inputs} and {inputs_b}")
+def input_formats(device: str) -> list[str]:
+    """The input formats a device's tensor cores take (block formats included), in the order of
+    `INPUT_FORMATS`."""
+    gen = generation(device)
+    taken = {i for (g, i, o, p) in PARAMETERS if g == gen}
+    return [name for name in INPUT_FORMATS if name in taken]
+
+
+def _what_it_takes(device: str) -> str:
+    """A device's input formats, the ones it mixes and its (inputs, output, path) combinations, for
+    the errors that refuse what it does not take."""
+    formats = input_formats(device)
+    groups = [[name for name in group if name in formats] for group in INPUT_GROUPS]
+    mixable = "; ".join(" with ".join(group) for group in groups if len(group) > 1) or "none"
+    combos = ", ".join(f"{i}->{o} ({p})" for i, o, p in supported(device))
+    return (f"input formats: {', '.join(formats)}; mixed input formats (A and B differing): {mixable}; "
+            f"supported: {combos}")
+
+
+def check_inputs(device: str, inputs: str, inputs_b: str) -> None:
+    """A and B formats one instruction of the device can take together: one format (whether the
+    device takes it is `parameters`' to say, with the output) or two of one group of
+    `INPUT_GROUPS` (FP8, MX). ValueError otherwise, with what the device takes."""
+    if inputs == inputs_b or any(inputs in group and inputs_b in group for group in INPUT_GROUPS):
+        return
+    raise ValueError(f"{device} ({generation(device)}) tensor cores do not support {inputs} inputs with {inputs_b} "
+                     f"for B; {_what_it_takes(device)}")
 
 
 def instructions(device: str, inputs: str | None = None, output: str | None = None) -> list[Instruction]:
@@ -303,9 +325,8 @@ def parameters(device: str, inputs: str, output: str, path: str | None = None, i
         raise ValueError(f"unknown path {path!r}; allowed: {', '.join(PATHS)}")
     paths = [p for (g, i, o, p) in PARAMETERS if (g, i, o) == (gen, inputs, output)]
     if not paths or (path is not None and path not in paths):
-        combos = ", ".join(f"{i}->{o} ({p})" for i, o, p in supported(device))
         wanted = f"{inputs} inputs with {output} output" + (f" on the {path} path" if path else "")
-        raise ValueError(f"{device} ({gen}) tensor cores do not support {wanted}; supported: {combos}")
+        raise ValueError(f"{device} ({gen}) tensor cores do not support {wanted}; {_what_it_takes(device)}")
     chosen = path or ("native" if "native" in paths else paths[0])
     params = PARAMETERS[(gen, inputs, output, chosen)]
     if instruction_shape is not None:

@@ -32,6 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from .. import exact
+from ..blocks import format as get_any_format
 from ..formats import Format, format as get_format
 from ..modes import DETERMINISTIC_MODES
 from . import devices, probes
@@ -166,7 +167,11 @@ def _chained(a_row, b_row, c, F: int, output: Format, mode: str) -> float:
 
 def probe_table(device: str, inputs: str, output: str, **options) -> dict:
     """Features of fpsim's model of a device, read off the standard probes: one
-    instruction for most features, 64 products for the block size and carries."""
+    instruction for most features, 64 products for the block size and carries.
+
+    inputs: any name of one of the device's input formats (`probe_inputs`); block formats
+    are refused (ValueError): their MMAs take block scales, which the probes do not set."""
+    inputs, output = probe_inputs(device, inputs), get_format(output).name
     tc = TensorCore(device, inputs, output, **options)
     found = {}
     for k, keep in ((tc.params.k, None), (64, ("block_size", "carry"))):
@@ -176,6 +181,27 @@ def probe_table(device: str, inputs: str, output: str, **options) -> dict:
         found.update(measured if keep is None else {key: measured[key] for key in keep if key in measured})
     found["monotonic"] = monotonicity_example(device, inputs, output, **options)["verdict"]
     return found
+
+
+def probe_inputs(device: str, inputs) -> str:
+    """The preset name of an input format the probes can run on the device (aliases such as
+    "half" resolved); ValueError otherwise, naming the formats they run there."""
+    gen = devices.generation(device)
+    probed = [name for name in devices.input_formats(device) if not devices.is_block(name)]
+    takes = f"the probes run {', '.join(probed)} on {device} ({gen})"
+    try:
+        name = get_any_format(inputs).name
+    except ValueError:
+        name = None
+    if name is None or devices.is_block(name) or len(probed) < len(devices.input_formats(device)):
+        takes += "; block formats are not probed (their MMAs take block scales, which the probes do not set)"
+    if name is None:
+        raise ValueError(f"unknown input format {inputs!r}; {takes}")
+    if devices.is_block(name):
+        raise ValueError(f"cannot probe {name} inputs: {takes}")
+    if name not in probed:
+        raise ValueError(f"{device} ({gen}) tensor cores do not support {name} inputs; {takes}")
+    return name
 
 
 def monotonicity_example(device: str, inputs: str, output: str = "fp32", **options) -> dict:

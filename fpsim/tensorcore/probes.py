@@ -168,8 +168,10 @@ def concat(*sets: ProbeSet) -> ProbeSet:
 
 def check_args(inputs: str, k: int, c_format: str) -> None:
     """Refuse an input format, row length or c format the rows cannot be built for."""
-    if inputs not in devices.INPUT_FORMATS:
-        raise ValueError(f"unknown input format {inputs!r}; allowed: {list(devices.INPUT_FORMATS)}")
+    if inputs not in devices.INPUT_FORMATS or devices.is_block(inputs):
+        allowed = [name for name in devices.INPUT_FORMATS if not devices.is_block(name)]
+        raise ValueError(f"unknown input format {inputs!r}; allowed: {allowed} (block formats are not probed: "
+                         f"their MMAs take block scales, which the rows do not set)")
     if c_format not in devices.OUTPUT_FORMATS:
         raise ValueError(f"unknown c format {c_format!r}; allowed: {list(devices.OUTPUT_FORMATS)}")
     if not isinstance(k, (int, np.integer)) or k < 4:

@@ -4,7 +4,10 @@ Sources of truth: the bundled real captures (every instruction-level row of
 the H100 capture is reproduced by the H100 model, so `fpsim validate h100`
 must succeed; an A100 model cannot run its FP8 cases, so judging the H100
 data with it must fail), and the probe features docs/tensorcore.md lists for
-the H100 fp16 path (window 25 bits, F = 16, toward zero).
+the H100 fp16 path (window 25 bits, F = 16, toward zero). For what the probes take:
+docs/tensorcore.md's preset table (each generation's input formats; Blackwell's block
+formats take block scales, which the probes do not set, so they are not probed) and
+fpsim's alias table ("half" is fp16).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def test_probes_reads_the_documented_features(capsys):
     assert code == 0
     assert "window             25" in out and "block_size         16" in out and "toward_zero" in out
     code, _, err = run(capsys, "probes", "--device", "a100", "--inputs", "e4m3")
-    assert code == 2 and "do not support e4m3 inputs with fp32 output" in err
+    assert code == 2 and "a100 (ampere) tensor cores do not support e4m3 inputs; the probes run fp16, bf16, tf32 on " \
+                         "a100" in err
 
 
 @pytest.mark.parametrize("command,options", [("probes", ("--device", "--inputs", "--output", "--path", "--json")),
@@ -87,3 +91,22 @@ def test_probes_json_gives_the_documented_features(capsys):
     features = json.loads(out)["features"]
     assert code == 0 and features["window"] == "25" and features["block_size"] == "16"
     assert features["rounding"] == "toward_zero"
+
+
+def test_probes_refuse_what_they_cannot_run_and_list_only_what_they_run(capsys):
+    from fpsim.tensorcore import features, probes
+
+    blackwell = "the probes run fp16, bf16, tf32, e4m3, e5m2 on b200 (blackwell); block formats are not probed"
+    for name in ("mxfp4", "nvfp4", "mxfp8_e4m3"):
+        code, out, err = run(capsys, "probes", "--device", "b200", "--inputs", name)
+        assert code == 2 and not out and err.startswith(f"fpsim probes: error: cannot probe {name} inputs: {blackwell}")
+    code, _, err = run(capsys, "probes", "--device", "b200", "--inputs", "e4m33")
+    assert code == 2 and err.startswith(f"fpsim probes: error: unknown input format 'e4m33'; {blackwell}")
+    code, _, err = run(capsys, "probes", "--device", "h100", "--inputs", "fp32")
+    assert code == 2 and err == ("fpsim probes: error: h100 (hopper) tensor cores do not support fp32 inputs; "
+                                 "the probes run fp16, bf16, tf32, e4m3, e5m2 on h100 (hopper)\n")
+    for name in "fp16, bf16, tf32, e4m3, e5m2".split(", "):   # every name listed is one the probes take
+        assert features.probe_inputs("b200", name) == name
+        probes.check_args(name, 32, "fp32")
+    code, out, _ = run(capsys, "probes", "--device", "h100", "--inputs", "half")   # an alias of fp16
+    assert code == 0 and "window             25" in out and "block_size         16" in out

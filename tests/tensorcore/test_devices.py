@@ -91,8 +91,10 @@ def test_unknown_instruction_shapes_and_mixes_are_refused():
     with pytest.raises(ValueError, match=r"h100 \(hopper\) has no fp16 -> fp32 MMA instruction of shape m16n8k32; "
                                          r"it has: mma m16n8k16, mma m16n8k8, wgmma m64n8k16"):
         TensorCore("h100", "fp16", "fp32", instruction="m16n8k32")
-    with pytest.raises(ValueError, match=r"mixed input formats are FP8 and MX only \(e4m3 with e5m2; mxfp8_e4m3 with .*\); got fp16 and bf16"):
-        TensorCore("h100", "fp16", "fp32", inputs_b="bf16")
+    with pytest.raises(ValueError, match=r"b200 \(blackwell\) tensor cores do not support fp16 inputs with bf16 for B; "
+                                         r".*; mixed input formats \(A and B differing\): e4m3 with e5m2; mxfp8_e4m3 "
+                                         r"with mxfp8_e5m2 with mxfp6_e3m2 with mxfp6_e2m3 with mxfp4; supported: "):
+        TensorCore("b200", "fp16", "fp32", inputs_b="bf16")
     assert TensorCore("h100", "e4m3", "fp32", inputs_b="e5m2").inputs_b.name == "e5m2"
 
 

@@ -151,7 +151,8 @@ def test_split_k_is_slices_reduced_in_binary32():
 
 
 def test_bad_input_is_refused_with_a_clear_error():
-    with pytest.raises(ValueError, match="do not support bf16 inputs with fp16 output; supported"):
+    with pytest.raises(ValueError, match=r"do not support bf16 inputs with fp16 output; input formats: fp16, bf16, "
+                                         r"tf32; mixed input formats \(A and B differing\): none; supported"):
         TensorCore("a100", "bf16", "fp16")
     with pytest.raises(ValueError, match="unknown device 'x100'"):
         TensorCore("x100")
@@ -164,7 +165,9 @@ def test_bad_input_is_refused_with_a_clear_error():
         tc.dot(np.ones((2, 3)), np.ones((2, 4)))
     with pytest.raises(ValueError, match="promote_every must be a positive multiple of the block size 16"):
         TensorCore("h100", "fp16", "fp32", promote_every=20)
-    with pytest.raises(ValueError, match="mixed input formats are FP8 and MX only"):
+    with pytest.raises(ValueError, match=r"h100 \(hopper\) tensor cores do not support fp16 inputs with bf16 for B; "
+                                         r"input formats: fp16, bf16, tf32, e4m3, e5m2; mixed input formats \(A and B "
+                                         r"differing\): e4m3 with e5m2; supported: bf16->fp32"):
         TensorCore("h100", "fp16", "fp32", inputs_b="bf16")
 
 
