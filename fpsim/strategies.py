@@ -36,7 +36,9 @@ under test.
 
 from __future__ import annotations
 
+import decimal
 import math
+import numbers
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -221,15 +223,26 @@ def formats(*, presets=True, custom: bool = True, exp_bits=(2, 8), man_bits=(0, 
         They come first, smallest first (e2m1, e2m3, e3m2, e4m3, ...), so a
         failure shrinks towards a small preset.
     custom: also draw custom layouts: exp_bits and man_bits in the given
-        inclusive ranges, bias within `bias_offset` of the IEEE default
+        inclusive (lowest, highest) ranges of ints (within 1..11 and 0..52),
+        bias within `bias_offset` (a nonnegative int) of the IEEE default
         2^(exp_bits-1) - 1, every NaN encoding in `nan` ("ieee" with
         infinities, "fn", "fnuz", "none"), subnormals on and off, unsigned
         formats (a quarter, when `allow_unsigned`) and formats without a zero
-        (E8M0-like, when `allow_no_zero`). Only valid combinations are drawn.
+        (E8M0-like, when `allow_no_zero`). Only valid combinations are drawn;
+        arguments that leave none are refused (InvalidArgument) here, not
+        when drawing.
     max_bits: only formats of at most this many bits (sign included), e.g. 16
         to enumerate every code.
     """
     _check_bool("custom", custom)
+    _check_bool("allow_unsigned", allow_unsigned)
+    _check_bool("allow_no_zero", allow_no_zero)
+    exp_bits = _check_range("exp_bits", exp_bits, 1, 11)
+    man_bits = _check_range("man_bits", man_bits, 0, 52)
+    if not _is_int(bias_offset) or bias_offset < 0:
+        raise InvalidArgument(f"bias_offset must be a nonnegative int, got {bias_offset!r}")
+    if max_bits is not None and (not _is_int(max_bits) or max_bits < 1):
+        raise InvalidArgument(f"max_bits must be a positive int or None, got {max_bits!r}")
     if presets is True:
         chosen = list(PRESETS.values())
     elif presets is False or presets is None:
@@ -239,11 +252,6 @@ def formats(*, presets=True, custom: bool = True, exp_bits=(2, 8), man_bits=(0, 
     if max_bits is not None:
         chosen = [f for f in chosen if f.bits <= max_bits]
     chosen.sort(key=_preset_order)
-    for name, pair in (("exp_bits", exp_bits), ("man_bits", man_bits)):
-        if len(pair) != 2 or pair[0] > pair[1]:
-            raise InvalidArgument(f"{name} must be a (lowest, highest) pair, got {pair!r}")
-    if not 1 <= exp_bits[0] or exp_bits[1] > 11 or man_bits[0] < 0 or man_bits[1] > 52:
-        raise InvalidArgument(f"exp_bits must lie in 1..11 and man_bits in 0..52, got {exp_bits!r}, {man_bits!r}")
     unknown = [n for n in nan if n not in NAN_ENCODINGS]
     if unknown or not nan:
         raise InvalidArgument(f"nan must be a non-empty list of {', '.join(NAN_ENCODINGS)}; got {nan!r}")
@@ -251,50 +259,92 @@ def formats(*, presets=True, custom: bool = True, exp_bits=(2, 8), man_bits=(0, 
     if chosen:
         branches.append(st.sampled_from(chosen))
     if custom:
-        branches.append(_custom_formats(tuple(exp_bits), tuple(man_bits), int(bias_offset), tuple(nan),
+        if not any(_smallest_layout(n, exp_bits, man_bits, bool(allow_unsigned)) <= (max_bits or 64) for n in nan):
+            raise InvalidArgument(f"no custom layout has exp_bits in {exp_bits}, man_bits in {man_bits}, a NaN "
+                                  f"encoding in {tuple(nan)} and at most max_bits={max_bits} bits; "
+                                  f"widen them, or give custom=False")
+        branches.append(_custom_formats(exp_bits, man_bits, int(bias_offset), tuple(nan),
                                         bool(allow_unsigned), bool(allow_no_zero), max_bits))
     if not branches:
         raise InvalidArgument("formats() with presets=False and custom=False has nothing to draw")
     return st.one_of(branches)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_range(name, pair, lowest: int, highest: int) -> tuple[int, int]:
+    """An inclusive (lowest, highest) pair of ints within lowest..highest, or InvalidArgument."""
+    try:
+        lo, hi = pair
+    except (TypeError, ValueError):
+        lo = hi = None
+    if not (_is_int(lo) and _is_int(hi)) or lo > hi:
+        raise InvalidArgument(f"{name} must be a (lowest, highest) pair of ints, got {pair!r}")
+    if lo < lowest or hi > highest:
+        raise InvalidArgument(f"{name} must lie in {lowest}..{highest}, got {pair!r}")
+    return int(lo), int(hi)
+
+
+def _smallest_layout(encoding: str, exp_bits, man_bits, allow_unsigned: bool) -> float:
+    """The fewest bits a custom layout with this NaN encoding can have (inf when none fits the ranges),
+    by the limits `_custom_formats` draws within."""
+    e_lo = max(exp_bits[0], 2 if encoding == "ieee" else 1)
+    m_lo = max(man_bits[0], 1 if encoding == "ieee" else 0)
+    if e_lo > exp_bits[1] or m_lo > man_bits[1]:
+        return math.inf
+    return e_lo + m_lo + (0 if allow_unsigned and encoding != "fnuz" else 1)
+
+
 # -------------------------------------------------------------- values
-def values(fmt, *, allow_nan: bool | None = None, allow_infinity: bool | None = None,
-           allow_subnormal: bool = True, allow_negative: bool = True, min_value=None, max_value=None):
-    """Values exactly representable in `fmt`, as Python floats (exact: every fpsim value fits binary64).
+def _check_bound(name, value):
+    """A bound as hypothesis takes one: None, or a real number (int, float, Fraction, Decimal, numpy
+    scalar), as its exact value: a float (which keeps the sign of zero, and +-inf) or a Fraction."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        raise InvalidArgument(f"{name} must be a real number (an int, float, Fraction or numpy scalar) or None, "
+                              f"got {value!r}")
+    if isinstance(value, numbers.Integral):  # numpy integers too
+        return Fraction(int(value))
+    if isinstance(value, numbers.Rational):
+        return Fraction(value.numerator, value.denominator)
+    if value != value or (isinstance(value, decimal.Decimal) and value.is_nan()):  # noqa: PLR0124 - NaN
+        raise InvalidArgument(f"{name} must not be NaN")
+    f = float(value)
+    if f == value:  # exact (Decimal and numpy floats compare exactly with a float)
+        return f
+    return Fraction(*value.as_integer_ratio()) if hasattr(value, "as_integer_ratio") else Fraction(value)
 
-    Biased towards where bugs live: +0 and -0, 1.0, the smallest and largest
-    subnormals, min normal and its neighbours, max and the value below it,
-    powers of two and their neighbours on the grid, then any value. Shrinks
-    towards 0, then 1.0 and its neighbours.
 
-    allow_nan, allow_infinity: None means "when the format has them and no
-        bound excludes them" (as hypothesis.strategies.floats). NaN comes with
-        the sign(s) the format's NaN codes decode to: both for IEEE and fn
-        formats, negative for fnuz, positive for unsigned formats.
-    allow_subnormal: False leaves out the subnormal values.
-    allow_negative: False leaves out negative numbers and -0.
-    min_value, max_value: inclusive bounds (floats or Fractions; need not be
-        values of fmt). As in hypothesis, min_value=0.0 excludes -0.0 and
-        max_value=-0.0 excludes +0.0.
-    """
-    fmt = get_format(fmt)
+def _value_plan(fmt: Format, allow_nan, allow_infinity, allow_subnormal, allow_negative, min_value, max_value):
+    """What `values` draws, checked: (grid, lo, hi, specials), the finite values being grid positions
+    lo..hi and the specials (-0, +-Inf, NaN, edges of the grid) a list of floats."""
     for name, flag in (("allow_nan", allow_nan), ("allow_infinity", allow_infinity)):
         _check_bool(name, flag, allow_none=True)
     _check_bool("allow_subnormal", allow_subnormal)
     _check_bool("allow_negative", allow_negative)
-    for name, bound in (("min_value", min_value), ("max_value", max_value)):
-        if bound is not None and (isinstance(bound, float) and math.isnan(bound)):
-            raise InvalidArgument(f"{name} must not be NaN")
-    if min_value is not None and max_value is not None and Fraction(min_value) > Fraction(max_value):
-        raise InvalidArgument(f"min_value={min_value!r} is above max_value={max_value!r}")
-    bounded = min_value is not None or max_value is not None
+    min_arg, max_arg = min_value, max_value
+    min_value, max_value = _check_bound("min_value", min_value), _check_bound("max_value", max_value)
+    bounded = min_value is not None or max_value is not None  # an infinite bound too, as in hypothesis
+    if min_value == -math.inf:  # unbounded on that side
+        min_value = None
+    if max_value == math.inf:
+        max_value = None
+    if min_value is not None and max_value is not None and min_value > max_value:
+        raise InvalidArgument(f"min_value={min_arg!r} is above max_value={max_arg!r}")
     if allow_nan and not fmt.has_nan:
         raise InvalidArgument(f"allow_nan=True, but {fmt.name} has no NaN")
     if allow_infinity and not fmt.infinities:
         raise InvalidArgument(f"allow_infinity=True, but {fmt.name} has no infinities")
     if allow_nan and bounded:
         raise InvalidArgument("allow_nan=True cannot be combined with min_value or max_value")
+    if allow_infinity and min_value is not None and max_value is not None:
+        raise InvalidArgument(f"allow_infinity=True cannot be combined with both min_value={min_arg!r} and "
+                              f"max_value={max_arg!r}")
+    if allow_infinity is False and (min_value == math.inf or max_value == -math.inf):
+        raise InvalidArgument(f"allow_infinity=False excludes min_value={min_arg!r}, max_value={max_arg!r}")
     if allow_nan is None:
         allow_nan = fmt.has_nan and not bounded
     if allow_infinity is None:
@@ -307,9 +357,9 @@ def values(fmt, *, allow_nan: bool | None = None, allow_infinity: bool | None = 
     min_is_positive_zero = min_value is not None and min_value == 0 and math.copysign(1.0, float(min_value)) > 0
     max_is_negative_zero = max_value is not None and max_value == 0 and math.copysign(1.0, float(max_value)) < 0
     if min_value is not None:
-        lo = max(lo, grid.at_least(min_value))
+        lo = max(lo, grid.hi + 1 if min_value == math.inf else grid.at_least(min_value))
     if max_value is not None:
-        hi = min(hi, grid.at_most(max_value))
+        hi = min(hi, grid.lo - 1 if max_value == -math.inf else grid.at_most(max_value))
         if max_is_negative_zero and fmt.zero:
             hi = min(hi, -1)
 
@@ -337,7 +387,37 @@ def values(fmt, *, allow_nan: bool | None = None, allow_infinity: bool | None = 
             edges.append(-math.inf)
     if allow_nan:
         edges += _nan_values(fmt)
+    if lo > hi and not edges:
+        raise InvalidArgument(f"no value of {fmt.name} satisfies min_value={min_arg!r}, max_value={max_arg!r}, "
+                              f"allow_negative={allow_negative}, allow_subnormal={allow_subnormal}")
+    return grid, lo, hi, edges
 
+
+def values(fmt, *, allow_nan: bool | None = None, allow_infinity: bool | None = None,
+           allow_subnormal: bool = True, allow_negative: bool = True, min_value=None, max_value=None):
+    """Values exactly representable in `fmt`, as Python floats (exact: every fpsim value fits binary64).
+
+    Biased towards where bugs live: +0 and -0, 1.0, the smallest and largest
+    subnormals, min normal and its neighbours, max and the value below it,
+    powers of two and their neighbours on the grid, then any value. Shrinks
+    towards 0, then 1.0 and its neighbours.
+
+    allow_nan, allow_infinity: None means "when the format has them and no
+        bound excludes them" (as hypothesis.strategies.floats). NaN comes with
+        the sign(s) the format's NaN codes decode to: both for IEEE and fn
+        formats, negative for fnuz, positive for unsigned formats.
+    allow_subnormal: False leaves out the subnormal values.
+    allow_negative: False leaves out negative numbers and -0.
+    min_value, max_value: inclusive bounds, as in hypothesis.strategies.floats:
+        real numbers (ints, floats, Fractions, numpy scalars, taken exactly;
+        they need not be values of fmt), not NaN; -inf and inf mean unbounded
+        on that side (and still rule out NaN, and Inf when both bounds are
+        finite); min_value=inf leaves only +Inf. min_value=0.0 excludes -0.0
+        and max_value=-0.0 excludes +0.0.
+    """
+    fmt = get_format(fmt)
+    grid, lo, hi, edges = _value_plan(fmt, allow_nan, allow_infinity, allow_subnormal, allow_negative,
+                                      min_value, max_value)
     # Branch order is shrink order: any value first (it shrinks to 1.0, a failure above 1000
     # to 1024), then the edges (0, -0, NaN, ...), which the first branch does not reach.
     branches = []
@@ -345,10 +425,28 @@ def values(fmt, *, allow_nan: bool | None = None, allow_infinity: bool | None = 
         branches.append(_positions(grid, lo, hi, fmt.signed and allow_negative).map(grid.value))
     if edges:
         branches.append(st.sampled_from(edges))
-    if not branches:
-        raise InvalidArgument(f"no value of {fmt.name} satisfies min_value={min_value!r}, max_value={max_value!r}, "
-                              f"allow_negative={allow_negative}, allow_subnormal={allow_subnormal}")
     return st.one_of(branches)
+
+
+def _witnesses(grid: _Grid, lo: int, hi: int) -> list[float]:
+    """Values at grid positions lo..hi that a float dtype holds only if it holds all of them: both
+    ends, and in every binade the first two (two neighbours: their spacing is the binade's)."""
+    fmt, out = grid.fmt, []
+
+    def side(p_lo, p_hi, sign):
+        if p_lo > p_hi:
+            return
+        out.extend([sign * grid.value(p_lo), sign * grid.value(p_hi)])
+        for e in range(grid.lowest_exponent, fmt.emax + 1):
+            first = max(grid.position_of_power(e), p_lo)
+            last = min(grid.position_of_power(e + 1) - 1 if e < fmt.emax else grid.hi, p_hi)
+            out.extend(sign * grid.value(s) for s in range(first, min(first + 1, last) + 1))
+
+    side(max(lo, 0), hi, 1.0)
+    if lo <= min(hi, -1):  # negative position s holds -value(s') for the positive s' it mirrors
+        flip = (lambda s: -s) if fmt.zero else (lambda s: -s - 1)
+        side(flip(min(hi, -1)), flip(lo), -1.0)
+    return out
 
 
 @st.composite
@@ -580,26 +678,79 @@ def arrays(fmt, shape=None, *, dtype=None, elements=None, **value_options):
     shape: an int, a tuple or a strategy of shapes; default: 1 to 2
         dimensions of 1 to 8 elements.
     dtype: float32 when it holds every value of fmt, else float64 (default);
-        float16 or an ml_dtypes dtype (e.g. ``ml_dtypes.float8_e4m3fn``) are
-        built in float64 and cast, which is exact when the dtype holds fmt.
+        float16, longdouble or an ml_dtypes float dtype (e.g.
+        ``ml_dtypes.float8_e4m3fn``) are built in float64 and cast. A dtype
+        that cannot hold every value the options allow (NaN, Inf, negative
+        or subnormal values, the range or precision of fmt) is refused with
+        InvalidArgument, as is any dtype that is not a float type.
     elements: another strategy for the elements, e.g.
-        ``rounding_inputs(fmt, np.float32)`` with ``dtype=np.float32``.
+        ``rounding_inputs(fmt, np.float32)`` with ``dtype=np.float32``; its
+        values must fit `dtype`.
     value_options: passed to `values` (allow_nan, allow_infinity,
         allow_subnormal, allow_negative, min_value, max_value).
     """
     fmt = get_format(fmt)
     if shape is None:
         shape = hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=8)
-    if dtype is None:
-        dtype = np.float32 if PRESETS["fp32"].contains(fmt) else np.float64
+    default = np.dtype(np.float32 if PRESETS["fp32"].contains(fmt) else np.float64)
     if elements is not None and value_options:
         raise InvalidArgument(f"give elements or value options ({', '.join(value_options)}), not both")
+    target = default if dtype is None else _float_dtype(dtype, default)
     if elements is None:
         elements = values(fmt, **value_options)
-    target = np.dtype(dtype)
+        if dtype is not None:
+            _check_holds(target, fmt, default, value_options)
     if target in (np.dtype(np.float32), np.dtype(np.float64)):
         return hnp.arrays(target, shape, elements=elements)
     return hnp.arrays(np.float64, shape, elements=elements).map(lambda a: a.astype(target))
+
+
+def _float_dtype(dtype, default: np.dtype) -> np.dtype:
+    """dtype as a numpy dtype, if it is a float type (numpy's or ml_dtypes'); InvalidArgument if not."""
+    try:
+        target = np.dtype(dtype)
+    except TypeError:
+        raise InvalidArgument(f"dtype={dtype!r} is not a numpy dtype; use {default} (the default), float64 "
+                              f"or an ml_dtypes float type that holds the format's values") from None
+    if target.kind != "f":
+        try:
+            get_format(target)  # the ml_dtypes float types (numpy kind "V")
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"dtype={target} is not a floating-point dtype; use {default} (the default), "
+                                  f"float64 or an ml_dtypes float type that holds the format's values") from None
+    return target
+
+
+def _check_holds(target: np.dtype, fmt: Format, default: np.dtype, value_options: dict) -> None:
+    """InvalidArgument unless `target` holds every value that values(fmt, **value_options) draws.
+
+    Membership is the dtype's own round trip (numpy's or ml_dtypes' cast from float64), on the
+    specials and on `_witnesses`: a dtype that holds two neighbouring values of a binade holds
+    their spacing, hence the whole binade between the ends."""
+    options = dict(allow_nan=None, allow_infinity=None, allow_subnormal=True, allow_negative=True,
+                   min_value=None, max_value=None)
+    options.update(value_options)
+    grid, lo, hi, edges = _value_plan(fmt, **options)
+    wanted = np.array(edges + _witnesses(grid, lo, hi), dtype=np.float64)
+    with np.errstate(all="ignore"):
+        back = wanted.astype(target).astype(np.float64)
+        held = ((back == wanted) & (np.signbit(back) == np.signbit(wanted))) | (np.isnan(back) & np.isnan(wanted))
+    if held.all():
+        return
+    v = float(wanted[np.argmin(held)])
+    if math.isnan(v):
+        leave_out = "allow_nan=False"
+    elif math.isinf(v):
+        leave_out = "allow_infinity=False"
+    elif math.copysign(1.0, v) < 0 and not np.signbit(np.array(v).astype(target)):
+        leave_out = "allow_negative=False"
+    elif 0 < abs(v) < fmt.min_normal:
+        leave_out = "allow_subnormal=False"
+    else:
+        leave_out = "min_value or max_value"
+    raise InvalidArgument(f"dtype={target} cannot hold every value of {fmt.name} that these options allow: "
+                          f"{v!r} is not a {target} value; use {default} (the default for {fmt.name}), "
+                          f"or leave such values out ({leave_out})")
 
 
 # ----------------------------------------------------------- dot problems
@@ -667,7 +818,8 @@ def dot_problems(inputs_format, k=None, *, output_format="fp32", batch=(), kinds
         (the accumulator's, "fp32" by default).
     k: the length of the dot product: an int, a strategy of ints, or None
         (default) for 1 to 64, which then shrinks towards short problems.
-    batch: leading shape of a, b and c (default (): a, b of shape (k,), c 0-d).
+    batch: leading shape of a, b and c, an int or a tuple of nonnegative ints
+        (default (): a, b of shape (k,), c 0-d).
     kinds: which of DOT_KINDS to draw: "random", "cancellation" (products
         that cancel exactly around small terms), "spread" (exponents from
         both ends of the range), "tiny" (tiny and subnormal inputs, so that
@@ -679,17 +831,25 @@ def dot_problems(inputs_format, k=None, *, output_format="fp32", batch=(), kinds
     Values are finite; `DotProblem.exact()` gives the exact result as Fractions.
     """
     fin, fout = get_format(inputs_format), get_format(output_format)
-    if isinstance(k, bool) or not (k is None or isinstance(k, (int, st.SearchStrategy))):
+    if not (k is None or isinstance(k, st.SearchStrategy) or (_is_int(k) and k >= 1)):
         raise InvalidArgument(f"k must be a positive int, a strategy or None, got {k!r}")
-    if isinstance(k, int) and k < 1:
-        raise InvalidArgument(f"k must be a positive int, a strategy or None, got {k!r}")
+    if _is_int(k):
+        k = int(k)
+    _check_bool("allow_subnormal", allow_subnormal)
     kinds = tuple(kinds)
     if not kinds or any(kd not in DOT_KINDS for kd in kinds):
         raise InvalidArgument(f"kinds must be a non-empty subset of {DOT_KINDS}, got {kinds!r}")
     if "cancellation" in kinds and not fin.signed:
         kinds = tuple(kd for kd in kinds if kd != "cancellation") or ("random",)
-    batch = tuple(int(n) for n in batch)
-    rows = int(np.prod(batch)) if batch else 1
+    shape = (batch,) if _is_int(batch) else batch
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        shape = None
+    if shape is None or not all(_is_int(n) and n >= 0 for n in shape):
+        raise InvalidArgument(f"batch must be a shape: a tuple of nonnegative ints, got {batch!r}")
+    batch = tuple(int(n) for n in shape)
+    rows = math.prod(batch)
     terms = _term_strategies(fin, allow_subnormal)
     finite_out = values(fout, allow_nan=False, allow_infinity=False)
 
@@ -732,11 +892,11 @@ def dot_problems(inputs_format, k=None, *, output_format="fp32", batch=(), kinds
         K = draw(k) if isinstance(k, st.SearchStrategy) else k
         if K is not None and (isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1):
             raise InvalidArgument(f"the k strategy drew {K!r}; it must draw positive ints")
-        if K is None and rows > 1:
+        if K is None and rows != 1:  # one length for every row
             K = draw(st.integers(1, 64))
         kind = draw(st.sampled_from(kinds))
         got = [draw(row(kind, K)) for _ in range(rows)]
-        size = len(got[0][0])
+        size = len(got[0][0]) if got else K
         a = np.array([g[0] for g in got], dtype=np.float64).reshape(batch + (size,))
         b = np.array([g[1] for g in got], dtype=np.float64).reshape(batch + (size,))
         c = np.array([g[2] for g in got], dtype=np.float64).reshape(batch)

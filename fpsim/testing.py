@@ -14,7 +14,8 @@ decoded values), so that a failing hypothesis example shows what went wrong
 bit by bit.
 
 The comparisons are exact: every value is compared as float64, which holds
-every value of every fpsim format (and float16/32/64) exactly. Nothing here
+every value of every fpsim format (and float16/32/64) exactly; an integer it
+does not hold (an int64 beyond 2^53) is refused, not rounded. Nothing here
 calls the rounding engine: representability and spacing are computed from
 the format's definition.
 """
@@ -61,9 +62,7 @@ class _Side:
             self.values = _decode(self.codes, fmt)
             self.bits, self.width, self.dtype_name = self.codes, fmt.bits, f"{fmt.name} codes"
         elif raw.dtype.kind in "iuO" or isinstance(x, int):
-            self.values = np.asarray(raw, dtype=np.float64)
-            if isinstance(x, int) and float(self.values) != x:
-                raise ValueError(f"{name}: {x} is not exactly a float64")
+            self.values = _exact_float64(raw, name)
             self.bits, self.width, self.dtype_name = self.values.view(np.uint64), 64, "float64"
         else:
             self.values = raw.astype(np.float64)
@@ -113,6 +112,37 @@ def _to_numpy(x) -> np.ndarray:
             return t.to(torch.float64).numpy()
         return t.numpy()
     return np.asarray(x)
+
+
+def _exact_float64(raw: np.ndarray, name: str) -> np.ndarray:
+    """The float64 values of an integer or object array; ValueError naming the first element that
+    float64 does not hold exactly (an int64 beyond 2^53 would otherwise round, and compare equal
+    to its neighbour)."""
+    if raw.dtype.kind == "O":
+        values = np.empty(raw.shape, dtype=np.float64)
+        for index, v in np.ndenumerate(raw):
+            try:
+                f = float(v)
+            except OverflowError:
+                f = None
+            if f is None or not (f == v or math.isnan(f)):  # == between int/Fraction and float is exact
+                raise ValueError(f"{name}{_at(index)}: {v!r} is not exactly a float64")
+            values[index] = f
+        return values
+    values = raw.astype(np.float64)
+    if raw.dtype.itemsize * 8 > 53:  # 64-bit integers: float64 holds only some beyond 2^53
+        top = 2.0 ** (raw.dtype.itemsize * 8 - (1 if raw.dtype.kind == "i" else 0))
+        inside = values < top  # the integer type's own range (its max rounds up to top)
+        back = np.where(inside, values, 0).astype(raw.dtype)
+        inexact = ~inside | (back != raw)
+        if inexact.any():
+            index = tuple(int(i) for i in np.argwhere(inexact)[0])
+            raise ValueError(f"{name}{_at(index)}: {int(raw[index])} is not exactly a float64")
+    return values
+
+
+def _at(index: tuple) -> str:
+    return f"[{index}]" if index else ""
 
 
 def _numpy_dtype_of_torch(dtype):
@@ -188,7 +218,7 @@ def _sides(actual, desired, fmt):
 
 
 def _in_format(values: np.ndarray, fmt: Format) -> np.ndarray:
-    """Which float64 values are values of fmt (Inf and signed zeros by the format's rules; NaN always)."""
+    """Which float64 values are values of fmt (Inf, NaN and signed zeros by the format's rules)."""
     v = values
     mag = np.abs(v)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -205,7 +235,8 @@ def _in_format(values: np.ndarray, fmt: Format) -> np.ndarray:
         ok &= ~((v == 0) & np.signbit(v))
     if fmt.infinities:
         ok |= np.isinf(v) & (fmt.signed | ~np.signbit(v))
-    ok |= np.isnan(v)  # even without NaN codes: a NaN in, NaN out is how fpsim reports invalid input
+    if fmt.has_nan:
+        ok |= np.isnan(v)
     return ok
 
 
@@ -253,13 +284,16 @@ def assert_bitwise_equal(actual, desired, fmt: "str | Format | None" = None, *, 
     never count.
 
     fmt: when given (a name or a Format), both sides must hold values of that
-        format (NaN always passes: fpsim returns NaN for a NaN input even to
-        a format without NaN codes), mismatches are shown as its bit
-        patterns, and integer
+        format (NaN only when it has NaN codes, Inf only when it has
+        infinities: fpsim.quantize refuses NaN into a format without NaN),
+        mismatches are shown as its bit patterns, and integer
         arrays/tensors (not Python ints) are read as its bit patterns (codes),
         so a kernel that returns uint8 codes can be compared with
         ``fpsim.encode(x, fmt)`` or with ``fpsim.quantize(x, fmt)``. Without
-        fmt, bits are shown in each side's own dtype.
+        fmt, bits are shown in each side's own dtype, and integers (arrays,
+        tensors, Python ints) are compared as float64 values: one that
+        float64 does not hold exactly (an int64 beyond 2^53) raises
+        ValueError rather than being rounded.
 
     inputs: optionally, the inputs the two sides were computed from (same
         shape); each reported mismatch then starts with the exact input and
@@ -313,8 +347,8 @@ def ulp(x, fmt: "str | Format"):
     """
     fmt = get_format(fmt)
     raw = _to_numpy(x)
-    values = raw.astype(np.float64) if raw.dtype.kind != "O" else np.asarray(raw, dtype=np.float64)
-    result = _ulp_array(np.abs(values), fmt)
+    result = _ulp_array(_magnitudes(raw), fmt)
+    values = raw if raw.dtype.kind in "fiu" else np.asarray(raw, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         result = np.where(np.isfinite(values), result, np.nan)
     try:
@@ -326,6 +360,23 @@ def ulp(x, fmt: "str | Format"):
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return float(result)
     return result[()] if result.ndim == 0 else result
+
+
+def _magnitudes(raw: np.ndarray) -> np.ndarray:
+    """|x| as float64 in the same binade as the exact |x|: integers and Fractions that float64 would
+    round up to a power of two (2^54 - 1 to 2^54) are rounded down instead."""
+    if raw.dtype.kind not in "iuO":
+        return np.abs(raw.astype(np.float64))
+    mag = np.array(np.abs(np.asarray(raw, dtype=np.float64)))  # an array even for 0-d input, to write to
+    if raw.dtype.kind == "O":
+        wide = np.ones(raw.shape, dtype=bool)
+    else:
+        wide = mag > 2.0**53
+    for index in map(tuple, np.argwhere(wide)):
+        exact_mag = abs(raw[index]) if raw.dtype.kind == "O" else abs(int(raw[index]))
+        if float(mag[index]) > exact_mag:  # exact: a Python float against an int or a Fraction
+            mag[index] = math.nextafter(float(mag[index]), 0.0)
+    return mag
 
 
 def _ulp_array(mag: np.ndarray, fmt: Format) -> np.ndarray:
@@ -387,8 +438,9 @@ def assert_within_ulps(actual, desired, fmt: "str | Format", ulps: float = 1, *,
                 error = f"{float(err):.6g} ulps"
             else:
                 error = "not finite"
+            spacing = float(step[i]) if np.isfinite(dv[i]) else math.nan  # as ulp(): NaN at Inf and NaN
             return (f"{_input_text(source, i)}actual {a.describe(i, fmt_obj, False)}, "
                     f"desired {d.describe(i, fmt_obj, False)}: error {error} "
-                    f"(ulp {float(step[i])!r} in {fmt_obj.name})")
+                    f"(ulp {spacing!r} in {fmt_obj.name})")
 
         _report(f"Not within {ulps} ulps of {fmt_obj.name}", bad, line, err_msg)

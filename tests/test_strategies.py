@@ -1,15 +1,19 @@
 """fpsim.strategies: what the strategies draw, that they reach the places where formats break,
 and that failures shrink to small, readable examples.
 
-Representability is checked with the Fraction oracle (fpsim.exact), never with the engine.
+Representability is checked with the Fraction oracle (fpsim.exact), never with the engine, and
+whether a dtype holds a format's values with ml_dtypes' (numpy's) own decoding of every code and
+cast round trips. Bounds are checked against hypothesis' own st.floats.
 Reachability uses hypothesis.find: it fails (NoSuchExample) when a strategy never produces
 the input in question.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
+from decimal import Decimal
 from random import Random
 import sys
 from fractions import Fraction
@@ -139,6 +143,27 @@ def test_formats_options():
         fps.formats(presets=False, custom=False)
     with pytest.raises(InvalidArgument):
         fps.formats(nan=["signalling"])
+    for bad in (dict(exp_bits=(1, 2, 3)), dict(exp_bits=(5, 4)), dict(exp_bits=(0, 4)), dict(exp_bits=(2, 12)),
+                dict(man_bits=(0, 53))):
+        with pytest.raises(InvalidArgument):
+            fps.formats(**bad)
+    fmt = ever(fps.formats(presets=False, exp_bits=(np.int64(5), 5), man_bits=(2, np.int8(2)), nan=["ieee"],
+                           allow_unsigned=False), lambda f: True)
+    assert (fmt.exp_bits, fmt.man_bits, fmt.signed) == (5, 2, True)
+    assert ever(fps.formats(presets=False, max_bits=3, nan=["ieee"]), lambda f: True).bits == 3  # unsigned e2m1
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(bias_offset=-1), dict(bias_offset=1.5), dict(bias_offset=True), dict(exp_bits=5), dict(man_bits=(0.0, 3)),
+    dict(man_bits="03"), dict(max_bits=0), dict(max_bits=8.0), dict(allow_unsigned=None), dict(allow_no_zero=1),
+    dict(presets=False, exp_bits=(1, 1), nan=["ieee"]), dict(presets=False, man_bits=(0, 0), nan=["ieee"]),
+    dict(presets=False, max_bits=2, allow_unsigned=False, nan=["ieee", "fn"]),
+], ids=repr)
+def test_formats_refuse_bad_arguments_when_created(kwargs):
+    """As hypothesis' own strategies (and formats(nan=...) above): InvalidArgument at creation, not an error
+    or an endless rejection at draw time."""
+    with pytest.raises(InvalidArgument):
+        fps.formats(**kwargs)
 
 
 # ----------------------------------------------------------------- values
@@ -181,6 +206,88 @@ def test_values_bounds_between_grid_points_and_signed_zero_bounds():
         fps.values("e2m1", allow_nan=True)
     with pytest.raises(InvalidArgument):
         fps.values("e4m3", min_value=2, max_value=1)
+    with pytest.raises(InvalidArgument):  # an infinite bound is a bound: no NaN (hypothesis' st.floats refuses it too)
+        fps.values("fp16", min_value=-math.inf, allow_nan=True)
+
+
+def kinds_drawn(strategy, max_examples: int = 200) -> set:
+    """Which of finite, inf, -inf and nan a strategy draws (generation only, derandomized)."""
+    seen = set()
+
+    @settings(EVER, max_examples=max_examples)
+    @given(strategy)
+    def collect(v):
+        seen.add("nan" if math.isnan(v) else {math.inf: "inf", -math.inf: "-inf"}.get(v, "finite"))
+
+    collect()
+    return seen
+
+
+INF = math.inf
+INFINITE_BOUNDS = [
+    dict(min_value=-INF), dict(max_value=INF), dict(min_value=-INF, max_value=1.0), dict(min_value=-1.0, max_value=INF),
+    dict(min_value=-INF, max_value=INF), dict(min_value=INF), dict(max_value=-INF),
+    dict(min_value=-INF, allow_infinity=False), dict(min_value=-INF, max_value=INF, allow_infinity=True),
+    dict(min_value=INF, allow_infinity=False), dict(max_value=-INF, allow_infinity=False),
+    dict(min_value=-1.0, max_value=1.0, allow_infinity=True),
+    dict(min_value=-INF, max_value=INF, allow_nan=False), dict(min_value=-1.0, max_value=-INF),
+]
+
+
+@pytest.mark.parametrize("kwargs", INFINITE_BOUNDS, ids=repr)
+def test_values_infinite_bounds_behave_as_hypothesis_floats(kwargs):
+    """docs/testing.md: bounds as in hypothesis. -inf and inf are unbounded sides; which of +-Inf, NaN and
+    finite values are drawn, and which arguments are refused, is what hypothesis' st.floats does.
+    fp16 has infinities and NaN, as float64 does; e4m3 has NaN and no infinities."""
+    try:
+        st.floats(**kwargs).validate()
+    except InvalidArgument:
+        for name in ("fp16", "e4m3"):
+            with pytest.raises(InvalidArgument):
+                fps.values(name, **kwargs)
+        return
+    want = kinds_drawn(st.floats(**kwargs))
+    assert kinds_drawn(fps.values("fp16", **kwargs)) == want
+    e4m3 = want - {"inf", "-inf"}
+    if e4m3 and not kwargs.get("allow_infinity"):  # allow_infinity=True is refused: e4m3 has no infinities
+        assert kinds_drawn(fps.values("e4m3", **kwargs)) == e4m3
+    else:
+        with pytest.raises(InvalidArgument):
+            fps.values("e4m3", **kwargs)
+
+
+def test_values_take_numpy_and_decimal_bounds_exactly():
+    """Bounds are real numbers taken exactly, numpy scalars included (hypothesis' st.floats takes them).
+    The exact value is numpy's (Decimal's) own as_integer_ratio; the nearest fp16 values inside the
+    bounds are numpy's float16 neighbours."""
+    for bound in (np.float32(0.1), np.float16(0.5), np.float64(1 / 3), np.float32(-1e-6), np.int64(3), np.uint8(200),
+                  np.longdouble(1) / 3, Decimal("0.3")):
+        exact_bound = Fraction(int(bound)) if isinstance(bound, np.integer) else Fraction(*bound.as_integer_ratio())
+        f = np.float16(bound)
+        up = f if Fraction(float(f)) >= exact_bound else np.nextafter(f, np.float16(np.inf))
+        down = f if Fraction(float(f)) <= exact_bound else np.nextafter(f, np.float16(-np.inf))
+        above = fps.values("fp16", min_value=bound, allow_infinity=False)
+        below = fps.values("fp16", max_value=bound, allow_infinity=False)
+        assert ever(above, lambda v: v == float(up)) == float(up)
+        assert ever(below, lambda v: v == float(down)) == float(down)
+        with pytest.raises(NoSuchExample):
+            reachable(above, lambda v: Fraction(v) < exact_bound, max_examples=300)
+        with pytest.raises(NoSuchExample):
+            reachable(below, lambda v: Fraction(v) > exact_bound, max_examples=300)
+        assert reachable(fps.values("e4m3", min_value=bound), lambda v: True) >= exact_bound
+
+
+def test_values_refuse_nan_bounds():
+    for nan in (math.nan, np.float32("nan"), np.float64("nan"), np.float16("nan"), Decimal("NaN")):
+        for side in ("min_value", "max_value"):
+            with pytest.raises(InvalidArgument, match=f"{side} must not be NaN"):
+                fps.values("e4m3", **{side: nan})
+
+
+def test_values_refuse_bounds_that_are_not_numbers():
+    for bad in ("1.0", True, np.bool_(False), 1j, [1.0]):
+        with pytest.raises(InvalidArgument, match="must be a real number"):
+            fps.values("e4m3", min_value=bad)
 
 
 @pytest.mark.parametrize("name", ["e4m3", "fp16", "e5m2fnuz", "e2m1", "bf16", "e8m0"])
@@ -345,6 +452,93 @@ def test_arrays_shape_dtype_and_elements():
         find(fps.arrays("e4m3", 3, elements=st.just(1.0), allow_nan=False), lambda a: True)
 
 
+# Every value of a format, from its ml_dtypes (numpy, for fp16) type decoding every code: an oracle
+# independent of fpsim. The held/not-held verdict is the target dtype's own cast round trip.
+ML_TYPES = {"e2m1": (ml_dtypes.float4_e2m1fn, 4), "e3m2": (ml_dtypes.float6_e3m2fn, 6),
+            "e2m3": (ml_dtypes.float6_e2m3fn, 6), "e4m3": (ml_dtypes.float8_e4m3fn, 8),
+            "e5m2": (ml_dtypes.float8_e5m2, 8), "e4m3fnuz": (ml_dtypes.float8_e4m3fnuz, 8),
+            "e5m2fnuz": (ml_dtypes.float8_e5m2fnuz, 8), "e8m0": (ml_dtypes.float8_e8m0fnu, 8),
+            "bf16": (ml_dtypes.bfloat16, 16), "fp16": (np.float16, 16)}
+TARGETS = [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz,
+           ml_dtypes.float8_e8m0fnu, np.float32]
+ARRAY_OPTIONS = [dict(), dict(allow_nan=False), dict(allow_nan=False, allow_infinity=False),
+                 dict(allow_nan=False, allow_infinity=False, allow_subnormal=False),
+                 dict(allow_negative=False, allow_nan=False, allow_infinity=False), dict(min_value=-1.0, max_value=1.0)]
+
+
+def every_value(name) -> np.ndarray:
+    dtype, bits = ML_TYPES[name]
+    return np.arange(2**bits, dtype=np.uint8 if bits <= 8 else np.uint16).view(dtype).astype(np.float64)
+
+
+def allowed_values(name, options) -> np.ndarray:
+    """The values of `name` that values(name, **options) may draw, by the documented option rules."""
+    v = every_value(name)
+    bounded = "min_value" in options
+    keep = ~np.isnan(v) | (options.get("allow_nan", True) is not False and not bounded)
+    keep &= ~np.isinf(v) | (options.get("allow_infinity", True) is not False)
+    if options.get("allow_subnormal") is False:
+        keep &= ~((v != 0) & (np.abs(v) < float(fpsim.format(name).min_normal)))
+    if options.get("allow_negative") is False:
+        keep &= ~np.signbit(v)
+    if bounded:
+        keep &= (v >= options["min_value"]) & (v <= options["max_value"])
+    return v[keep]
+
+
+@pytest.mark.parametrize("name", list(ML_TYPES))
+def test_arrays_refuse_a_dtype_that_cannot_hold_the_values(name):
+    """arrays(fmt, dtype=...) casts values of fmt into dtype: a dtype that does not hold every value the
+    options allow must be refused when the strategy is created (it used to round them, or turn them into
+    Inf, silently). Whether it holds them is the dtype's own round trip of every value."""
+    for target, options in itertools.product(TARGETS, ARRAY_OPTIONS):
+        want = allowed_values(name, options)
+        with np.errstate(all="ignore"):
+            back = want.astype(target).astype(np.float64)
+        held = ((back == want) & (np.signbit(back) == np.signbit(want))) | (np.isnan(back) & np.isnan(want))
+        if not held.all():
+            with pytest.raises(InvalidArgument, match=rf"dtype={np.dtype(target).name} cannot hold"):
+                fps.arrays(name, dtype=target, **options)
+            continue
+        strategy = fps.arrays(name, dtype=target, **options)
+        if options:
+            continue
+
+        @settings(EVER, max_examples=10)
+        @given(strategy)
+        def drawn(a):
+            assert a.dtype == np.dtype(target)
+            a = a.astype(np.float64)
+            assert np.isin(a[~np.isnan(a)], want).all()
+
+        drawn()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8, bool, np.complex64, object, "U3", ml_dtypes.int4,
+                                   "not a dtype"], ids=repr)
+def test_arrays_refuse_dtypes_that_are_not_floats(dtype):
+    with pytest.raises(InvalidArgument, match="use float32"):
+        fps.arrays("e4m3", dtype=dtype)
+    with pytest.raises(InvalidArgument):
+        fps.arrays("e4m3", dtype=dtype, elements=fps.rounding_inputs("e4m3", np.float32))
+
+
+def test_arrays_refusal_names_the_dtype_and_what_works():
+    with pytest.raises(InvalidArgument, match=r"dtype=int8 .*use float32"):
+        fps.arrays("e4m3", dtype=np.int8)
+    with pytest.raises(InvalidArgument, match=r"dtype=float16 cannot hold every value of bf16.*use float32"):
+        fps.arrays("bf16", dtype=np.float16, allow_nan=False, allow_infinity=False)
+    with pytest.raises(InvalidArgument, match=r"-0\.0 is not a float8_e4m3fnuz value.*allow_negative=False"):
+        fps.arrays("e4m3", dtype=ml_dtypes.float8_e4m3fnuz, allow_nan=False)
+    tiny = Format(2, 1, nan="ieee")  # values 0.5 to 3, +-Inf and NaN: a float8_e4m3fn or float6_e3m2fn value each
+    with pytest.raises(InvalidArgument, match=r"inf is not a float8_e4m3fn value.*allow_infinity=False"):
+        fps.arrays(tiny, dtype=ml_dtypes.float8_e4m3fn)
+    fps.arrays(tiny, dtype=ml_dtypes.float8_e4m3fn, allow_infinity=False)
+    with pytest.raises(InvalidArgument, match=r"nan is not a float6_e3m2fn value.*allow_nan=False"):
+        fps.arrays(tiny, dtype=ml_dtypes.float6_e3m2fn, allow_infinity=False)
+    fps.arrays(tiny, dtype=ml_dtypes.float6_e3m2fn, allow_infinity=False, allow_nan=False)
+
+
 # ----------------------------------------------------------- dot problems
 @DRAW
 @given(st.sampled_from(["e4m3", "e5m2", "fp16", "bf16", "tf32"]), st.sampled_from(["fp32", "fp16"]), st.data())
@@ -385,6 +579,25 @@ def test_dot_problems_reach_their_kinds():
     assert ever(fps.dot_problems("e4m3", st.integers(3, 4)), lambda p: True).a.shape[0] in (3, 4)
     with pytest.raises(InvalidArgument):
         fps.dot_problems("e4m3", kinds=["nonsense"])
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(batch=(-1,)), dict(batch=-2), dict(batch=(2.0,)), dict(batch=(True,)), dict(batch="ab"), dict(batch=None),
+    dict(allow_subnormal=None),
+], ids=repr)
+def test_dot_problems_refuse_bad_arguments_when_created(kwargs):
+    with pytest.raises(InvalidArgument):
+        fps.dot_problems("e4m3", **kwargs)
+
+
+@pytest.mark.parametrize("batch,k", [((0,), None), ((2, 0), 3), (3, None), ((np.int64(2),), np.int64(4))], ids=repr)
+def test_dot_problems_take_any_batch_shape(batch, k):
+    """batch is a shape as numpy takes one: an int or a tuple of nonnegative ints, empty batches too."""
+    shape = (batch,) if isinstance(batch, int) else tuple(int(n) for n in batch)
+    p = ever(fps.dot_problems("e4m3", k, batch=batch), lambda p: True)
+    assert p.a.shape == p.b.shape and p.a.shape[:-1] == p.c.shape == shape
+    assert p.a.shape[-1] >= 1 and (k is None or p.a.shape[-1] == k)
+    assert p.exact().shape == shape
 
 
 # -------------------------------------------------------------- shrinking

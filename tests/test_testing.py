@@ -1,4 +1,6 @@
-"""fpsim.testing: the assertion helpers and ulp, against hand-made cases and the Fraction oracle."""
+"""fpsim.testing: the assertion helpers and ulp, against hand-made cases and the Fraction oracle;
+which specials a format has from ml_dtypes' round trips, integer exactness from Python's exact
+int/float comparison, spacings from math.ulp."""
 
 from __future__ import annotations
 
@@ -75,7 +77,32 @@ def test_values_outside_the_format_fail_even_when_equal():
     assert "not a value of e4m3" in message(lambda: assert_bitwise_equal(x, x, "e4m3"))
     assert "not a value of e4m3fnuz" in message(lambda: assert_bitwise_equal(-0.0, -0.0, "e4m3fnuz"))
     assert "not a value of e8m0" in message(lambda: assert_bitwise_equal(0.0, 0.0, "e8m0"))
-    assert_bitwise_equal(np.nan, np.nan, "e2m1")  # NaN passes: fpsim's answer for NaN into a format without it
+    assert "not a value of e2m1" in message(lambda: assert_bitwise_equal(np.nan, np.nan, "e2m1"))
+
+
+ML_DTYPES_OF = {"e2m1": ml_dtypes.float4_e2m1fn, "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn,
+                "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+                "e5m2fnuz": ml_dtypes.float8_e5m2fnuz, "e8m0": ml_dtypes.float8_e8m0fnu, "bf16": ml_dtypes.bfloat16,
+                "fp16": np.float16}
+
+
+def test_nan_and_inf_are_values_only_of_formats_that_have_them():
+    """docs/testing.md: with fmt, both sides must hold values of the format. Whether NaN and +-Inf are
+    values of it is ml_dtypes' (numpy's for fp16) round trip: a format without NaN (e2m1, e3m2, e2m3)
+    turns NaN into a number, one without infinities turns Inf into NaN or max."""
+    refused = []
+    for name, dtype in ML_DTYPES_OF.items():
+        for special in (math.nan, math.inf, -math.inf):
+            x = np.array([special], dtype=np.float32)
+            back = x.astype(dtype).astype(np.float64)
+            held = bool(np.isnan(back[0])) if math.isnan(special) else bool(back[0] == special)
+            if held:
+                assert_bitwise_equal(x, x, name)
+            else:
+                text = message(lambda: assert_bitwise_equal(x, x, name))
+                assert f"actual {special!r} (0x{x.view(np.uint32)[0]:08x} as float32; not a value of {name})" in text
+                refused.append((name, special))
+    assert ("e2m1", math.nan) in refused and ("e4m3", math.inf) in refused  # the oracle is not vacuous
 
 
 def test_integer_arrays_are_codes_when_a_format_is_given():
@@ -124,6 +151,36 @@ def test_at_most_five_mismatches_are_listed_with_the_count():
     assert lines[0] == "ctx"
     assert lines[1] == f"Not bitwise equal: 9 of 10 elements differ (first {MAX_REPORTED} shown)"
     assert len(lines) == 2 + MAX_REPORTED and lines[2].startswith("  at (0, 1): ")
+
+
+@pytest.mark.parametrize("n", [2**53 + 1, -(2**53 + 1), 2**53 + 3, 2**62 + 1, 2**63 - 1])
+def test_integers_float64_does_not_hold_are_refused_not_rounded(n):
+    """Integers are compared as float64 values; one that float64 does not hold exactly must be refused
+    (as a Python int always was), never rounded into a pass against its neighbour. Exactness is
+    Python's own exact int/float comparison."""
+    assert float(n) != n  # not a float64: it would round to float(n), 1 away
+    pattern = rf"{abs(n)} is not exactly a float64"
+    for x in (np.array([n], dtype=np.int64), np.array([[0, n]], dtype=np.int64), torch.tensor([n], dtype=torch.int64),
+              np.array([n], dtype=object), n):
+        with pytest.raises(ValueError, match=pattern):
+            assert_bitwise_equal(x, float(n))
+        with pytest.raises(ValueError, match=pattern):
+            assert_bitwise_equal(float(n), x)
+        with pytest.raises(ValueError, match=pattern):
+            assert_within_ulps(x, float(n), "fp64", 0)
+
+
+def test_integers_float64_holds_compare_as_their_values():
+    for n in (2**53, 2**53 + 2, -(2**62), -(2**63), 2**62 + 2**10):
+        assert float(n) == n  # exactly a float64 (Python's exact int/float comparison)
+        for x in (np.array([n], dtype=np.int64), torch.tensor([n], dtype=torch.int64), np.array([n], dtype=object)):
+            assert_bitwise_equal(x, float(n))
+            assert_within_ulps(x, float(n), "fp64", 0)
+        assert "1 of 1 elements differ" in message(lambda: assert_bitwise_equal(np.array([n]), float(n) * 2))
+    big = np.array([2**64 - 2**11], dtype=np.uint64)  # exactly a float64, beyond int64
+    assert_bitwise_equal(big, float(2**64 - 2**11))
+    with pytest.raises(ValueError, match="is not exactly a float64"):
+        assert_bitwise_equal(np.array([2**64 - 1], dtype=np.uint64), 2.0**64)
 
 
 def test_shape_mismatch_and_bad_inputs():
@@ -178,6 +235,21 @@ def test_ulp_is_the_oracles_quantum_everywhere(name):
         assert ulp(float(x), fmt) == float(exact.quantum(fmt, abs(Fraction(float(x))))), x
 
 
+def test_ulp_of_integers_is_their_binades_spacing():
+    """ulp of an integer that float64 does not hold is the spacing of the binade the integer lies in, not
+    of the power of two it would round to (2^54 - 1 rounds up to 2^54, a binade higher). The spacing
+    is math.ulp of a float64 in the same binade: 2^floor(log2 |n|)."""
+    for n in (2**54 - 1, 2**54 + 1, 2**60 - 1, 2**63 - 1, -(2**63 - 1), 2**64 - 1):
+        want = math.ulp(float(2 ** (abs(n).bit_length() - 1)))
+        if n < 2**63:
+            assert ulp(np.array([n], dtype=np.int64), "fp64")[0] == want
+            assert ulp(torch.tensor([n], dtype=torch.int64), "fp64").item() == want
+        if n > 0:
+            assert ulp(np.array([n], dtype=np.uint64), "fp64")[0] == want
+        assert ulp(n, "fp64") == want
+        assert ulp(np.array([Fraction(n)], dtype=object), "fp64")[0] == want
+
+
 # ---------------------------------------------------------- assert_within_ulps
 def test_within_ulps_passes_and_fails_at_the_limit():
     assert_within_ulps(np.array([1.0625, 1.0]), np.array([1.0, 1.0]), "e4m3", 0.5)
@@ -203,6 +275,15 @@ def test_within_ulps_specials():
     assert "not finite" in message(lambda: assert_within_ulps(np.array([np.nan]), np.array([1.0]), "fp16", 10))
     with pytest.raises(ValueError):
         assert_within_ulps(1.0, 1.0, "fp16", -1)
+
+
+@pytest.mark.parametrize("desired", [math.inf, -math.inf, math.nan])
+def test_within_ulps_reports_the_ulp_of_a_non_finite_reference_as_ulp_gives_it(desired):
+    """The message's ulp is ulp(desired, fmt), which is NaN for Inf and NaN (docs/testing.md)."""
+    spacing = ulp(desired, "e5m2")
+    assert math.isnan(spacing)
+    text = message(lambda: assert_within_ulps(np.array([1.0]), np.array([desired]), "e5m2", 1))
+    assert text.endswith(f": error not finite (ulp {spacing!r} in e5m2)"), text
 
 
 def test_within_ulps_reports_values_off_the_grid_in_their_dtype():
