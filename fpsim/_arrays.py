@@ -156,6 +156,33 @@ def _torch_format(dtype) -> Format | None:
     return None
 
 
+def integers_as_float64(array: np.ndarray) -> tuple:
+    """(float64 values, the index of the first element float64 does not hold exactly, or None) of a numpy
+    integer or object array (Python ints beyond int64, Fractions, floats): integers are compared as integers,
+    so that one float64 would round (2^53 + 1 to 2^53) is found, where a check after the conversion sees the
+    rounded value (2^60 is a float64, 2^60 + 1 is not). Float arrays: their float64 values, None."""
+    if array.dtype.kind == "O":
+        values = np.empty(array.shape, dtype=np.float64)
+        for index, v in np.ndenumerate(array):
+            try:
+                f = float(v)
+            except OverflowError:          # an integer beyond float64's range
+                return values, index
+            if not (f == v or f != f):      # (== of an int or a Fraction with a float is exact)
+                return values, index
+            values[index] = f
+        return values, None
+    values = array.astype(np.float64)
+    if array.dtype.kind not in "iu" or array.dtype.itemsize < 8:     # every int32 is a float64
+        return values, None
+    top = 2.0 ** (64 - (array.dtype.kind == "i"))
+    inside = values < top                                 # (the type's max rounds up to top, outside it)
+    inexact = ~inside | (np.where(inside, values, 0).astype(array.dtype) != array)
+    if not inexact.any():
+        return values, None
+    return values, tuple(int(i) for i in np.argwhere(inexact)[0])
+
+
 def input_format(x) -> Format | None:
     """The format of a float input's dtype (None for integers); TypeError for anything else."""
     if is_torch(x):

@@ -134,12 +134,13 @@ def host_array(x):
     device = ops.device
     array = ops.host_values(x)
     in_fmt = _arrays.input_format(array)
-    if in_fmt is None:  # integers: exact in float64 up to 2^53 (compared as integers, before any conversion)
-        big = (array > 2**53) | (array < -2**53)
-        if np.any(big):
-            raise ValueError(f"integer {array[np.nonzero(big)][0]!r} exceeds 2^53; block formats and recipes "
-                             f"take floats or integers exact in float64")
-        return array.astype(np.float64), device
+    if in_fmt is None:  # integers: those float64 holds exactly (compared as integers, before any conversion)
+        values, inexact = _arrays.integers_as_float64(array)
+        if inexact is not None:
+            v = array[inexact]
+            raise ValueError(f"integer {int(v) if isinstance(v, np.integer) else v!r} is not exactly a float64; "
+                             f"block formats and recipes take floats or integers exact in float64")
+        return values, device
     return array.astype(np.float32 if _FP32.contains(in_fmt) else np.float64, copy=False), device
 
 

@@ -118,26 +118,11 @@ def _exact_float64(raw: np.ndarray, name: str) -> np.ndarray:
     """The float64 values of an integer or object array; ValueError naming the first element that
     float64 does not hold exactly (an int64 beyond 2^53 would otherwise round, and compare equal
     to its neighbour)."""
-    if raw.dtype.kind == "O":
-        values = np.empty(raw.shape, dtype=np.float64)
-        for index, v in np.ndenumerate(raw):
-            try:
-                f = float(v)
-            except OverflowError:
-                f = None
-            if f is None or not (f == v or math.isnan(f)):  # == between int/Fraction and float is exact
-                raise ValueError(f"{name}{_at(index)}: {v!r} is not exactly a float64")
-            values[index] = f
-        return values
-    values = raw.astype(np.float64)
-    if raw.dtype.itemsize * 8 > 53:  # 64-bit integers: float64 holds only some beyond 2^53
-        top = 2.0 ** (raw.dtype.itemsize * 8 - (1 if raw.dtype.kind == "i" else 0))
-        inside = values < top  # the integer type's own range (its max rounds up to top)
-        back = np.where(inside, values, 0).astype(raw.dtype)
-        inexact = ~inside | (back != raw)
-        if inexact.any():
-            index = tuple(int(i) for i in np.argwhere(inexact)[0])
-            raise ValueError(f"{name}{_at(index)}: {int(raw[index])} is not exactly a float64")
+    values, inexact = _arrays.integers_as_float64(raw)
+    if inexact is not None:
+        v = raw[inexact]
+        raise ValueError(f"{name}{_at(inexact)}: {int(v) if isinstance(v, np.integer) else v!r} is not exactly "
+                         f"a float64")
     return values
 
 
