@@ -28,13 +28,15 @@ rounding boundary). Dequantised values come back as float64 (exact).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import numpy as np
 
 from . import block_codec
 from ._arrays import straight_through_of
 from ._fpmode import subnormals_kept
-from .blocks import BlockFormat, format as get_format
+from .blocks import BLOCK_PRESETS, BlockFormat, format as get_format
 from .formats import PRESETS, Format
 from .modes import check_rounding
 from .quotient import round_product, round_quotient
@@ -56,11 +58,89 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
-def _fp8(fmt) -> Format:
+# ---------------------------------------------------------- argument checks
+# One check per argument name, shared by every recipe class (`_validate`) and by scale_from_amax: an
+# argument is refused the same way whichever recipe takes it.
+_ELEMENT_FORMATS = tuple(name for name, f in PRESETS.items() if f.signed and f.zero)
+"""The named formats a scaled tensor can be cast to (signed, with a zero); any custom Format like them works."""
+
+
+def _element_format(owner: str, name: str, fmt) -> Format:
     fmt = get_format(fmt)
     if not isinstance(fmt, Format):
-        raise TypeError(f"a per-tensor recipe scales into an element format, not the block format {fmt.name}")
+        raise TypeError(f"{owner}: {name} must be an element format: a per-tensor recipe scales into an element "
+                        f"format, not the block format {fmt.name}; allowed: {', '.join(_ELEMENT_FORMATS)} "
+                        "or a signed Format")
+    if not (fmt.signed and fmt.zero):
+        lacks = "is unsigned" if not fmt.signed else "has no zero"
+        raise ValueError(f"{owner}: {name}={fmt.name!r} {lacks}, and a scaled tensor holds negative values and "
+                         f"zeros; allowed: {', '.join(_ELEMENT_FORMATS)} or a signed Format with a zero")
     return fmt
+
+
+def _block_format(owner: str, name: str, fmt) -> BlockFormat:
+    fmt = get_format(fmt)
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"{owner}: {name} must be a block format, got {fmt.name}; allowed: "
+                        f"{', '.join(BLOCK_PRESETS)} or a BlockFormat")
+    return fmt
+
+
+def _int(owner: str, name: str, value, minimum: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {name} must be an int{'' if minimum is None else f' >= {minimum}'}, "
+                        f"got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _flag(owner: str, name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _epsilon(owner: str, name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a real number >= 0, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _choice(owner: str, name: str, value, allowed) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        names = [repr(a) for a in allowed]
+        listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+        raise ValueError(f"{owner}: {name} must be {listed}, got {value!r}")
+    return value
+
+
+_CHECKS = {
+    "format": lambda owner, v: _element_format(owner, "format", v),
+    "gradient_format": lambda owner, v: None if v is None else _element_format(owner, "gradient_format", v),
+    "margin": lambda owner, v: _int(owner, "margin", v, 0),
+    "amax_history_len": lambda owner, v: _int(owner, "amax_history_len", v, 1),
+    "amax_compute_algo": lambda owner, v: _choice(owner, "amax_compute_algo", v, ("max", "most_recent")),
+    "power_of_two": lambda owner, v: _flag(owner, "power_of_two", v),
+    "amax_epsilon": lambda owner, v: _epsilon(owner, "amax_epsilon", v),
+    "axis": lambda owner, v: _int(owner, "axis", v),
+    "activations": lambda owner, v: _block_format(owner, "activations", v),
+    "weights": lambda owner, v: _block_format(owner, "weights", v),
+    "gradients": lambda owner, v: _block_format(owner, "gradients", v),
+}
+"""The check of each recipe argument, by name: it returns the value as the recipe keeps it, or raises."""
+
+
+def _validate(recipe) -> None:
+    """Check every argument of a recipe (a frozen dataclass) and keep the checked values; gradients use
+    the forward format unless gradient_format names another."""
+    owner = type(recipe).__name__
+    for field in dataclasses.fields(recipe):
+        object.__setattr__(recipe, field.name, _CHECKS[field.name](owner, getattr(recipe, field.name)))
+    if hasattr(recipe, "gradient_format") and recipe.gradient_format is None:
+        object.__setattr__(recipe, "gradient_format", recipe.format)
 
 
 def _fl32_div(numerator: float, amax) -> np.ndarray:
@@ -81,7 +161,6 @@ def _amax(x, axis=None) -> np.ndarray:
         return np.max(np.abs(x), axis=axis, keepdims=axis is not None, initial=0.0)
 
 
-@subnormals_kept
 def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = False, epsilon: float = 0.0,
                     previous=np.float32(1.0)) -> np.ndarray:
     """TransformerEngine's scale for an amax: fl32(fl32(fmt.max / amax) / 2^margin).
@@ -91,8 +170,18 @@ def scale_from_amax(amax, fmt: Format, *, margin: int = 0, power_of_two: bool = 
     `epsilon` is raised to it; amax 0, Inf or NaN keeps `previous` (TE: the
     previous scale for delayed scaling, 1 for current scaling); a scale that
     overflows FP32 becomes FP32's max; `power_of_two` truncates the scale to
-    a power of two (clears its mantissa bits).
+    a power of two (clears its mantissa bits). margin: an int >= 0;
+    power_of_two: True or False; epsilon: a finite number >= 0 (checked as
+    the recipes check them).
     """
+    owner = "scale_from_amax"
+    return _scale_from_amax(amax, fmt, _int(owner, "margin", margin, 0), _flag(owner, "power_of_two", power_of_two),
+                            _epsilon(owner, "epsilon", epsilon), previous)
+
+
+@subnormals_kept
+def _scale_from_amax(amax, fmt: Format, margin: int, power_of_two: bool, epsilon: float, previous) -> np.ndarray:
+    """scale_from_amax with its arguments checked (the recipes checked theirs when they were made)."""
     amax = _amax32(amax)
     amax = np.where(amax < np.float32(epsilon), np.float32(epsilon), amax)
     usable = np.isfinite(amax) & (amax > 0)
@@ -122,12 +211,6 @@ def _dequantised(x, scale, fmt: Format, rounding, seed, generator):
     scale_inv = _fl32_div(1.0, scale)
     values = elements.astype(np.float64) * scale_inv.astype(np.float64)
     return block_codec.on_device(values, device)
-
-
-def _set_formats(recipe) -> None:
-    object.__setattr__(recipe, "format", _fp8(recipe.format))
-    gradient = recipe.format if recipe.gradient_format is None else _fp8(recipe.gradient_format)
-    object.__setattr__(recipe, "gradient_format", gradient)
 
 
 # ------------------------------------------------------------------ recipes
@@ -164,14 +247,7 @@ class DelayedScaling:
     name = "delayed"
 
     def __post_init__(self):
-        _set_formats(self)
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
-            raise ValueError(f"margin must be an int >= 0, got {self.margin!r}")
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
-                or self.amax_history_len < 1:
-            raise ValueError(f"amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {self.amax_compute_algo!r}")
+        _validate(self)
 
     def new_state(self) -> DelayedScalingState:
         return DelayedScalingState()
@@ -183,8 +259,7 @@ class DelayedScaling:
             chosen = np.nan if any(a != a for a in state.history) else max(state.history)
         else:
             chosen = state.history[-1]
-        state.scale = scale_from_amax(chosen, self.format_for(kind), margin=self.margin,
-                                      previous=state.scale)[()]
+        state.scale = _scale_from_amax(chosen, self.format_for(kind), self.margin, False, 0.0, state.scale)[()]
         return state.scale
 
     def format_for(self, kind: str) -> Format:
@@ -218,14 +293,14 @@ class CurrentScaling:
     name = "current"
 
     def __post_init__(self):
-        _set_formats(self)
+        _validate(self)
 
     def format_for(self, kind: str) -> Format:
         return self.gradient_format if _check_kind(kind) == "gradient" else self.format
 
     def scale(self, x, kind: str = "activation") -> np.float32:
-        return scale_from_amax(_amax(block_codec.host_array(x)[0]), self.format_for(kind),
-                               power_of_two=self.power_of_two, epsilon=self.amax_epsilon)[()]
+        return _scale_from_amax(_amax(block_codec.host_array(x)[0]), self.format_for(kind), 0, self.power_of_two,
+                                self.amax_epsilon, np.float32(1.0))[()]
 
     def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
         return _apply(x, self.scale(x, kind), self.format_for(kind), rounding, seed, generator)
@@ -250,7 +325,7 @@ class PerChannelScaling:
     name = "per_channel"
 
     def __post_init__(self):
-        _set_formats(self)
+        _validate(self)
 
     def format_for(self, kind: str) -> Format:
         return self.gradient_format if _check_kind(kind) == "gradient" else self.format
@@ -260,7 +335,8 @@ class PerChannelScaling:
         array = block_codec.host_array(x)[0]
         if array.ndim < 1 or not -array.ndim <= self.axis < array.ndim:
             raise ValueError(f"axis={self.axis} is out of range for an input of {array.ndim} dimensions")
-        return scale_from_amax(_amax(array, axis=self.axis), self.format_for(kind), power_of_two=self.power_of_two)
+        return _scale_from_amax(_amax(array, axis=self.axis), self.format_for(kind), 0, self.power_of_two, 0.0,
+                                np.float32(1.0))
 
     def quantize(self, x, state=None, *, kind="activation", rounding="nearest_even", seed=None, generator=None):
         return _apply(x, self.scale(x, kind), self.format_for(kind), rounding, seed, generator)
@@ -286,11 +362,7 @@ class BlockScaling:
     name = "block"
 
     def __post_init__(self):
-        for field in ("activations", "weights", "gradients"):
-            fmt = get_format(getattr(self, field))
-            if not isinstance(fmt, BlockFormat):
-                raise TypeError(f"BlockScaling.{field} must be a block format, got {fmt.name}")
-            object.__setattr__(self, field, fmt)
+        _validate(self)
 
     def format_for(self, kind: str) -> BlockFormat:
         return {"activation": self.activations, "weight": self.weights, "gradient": self.gradients}[_check_kind(kind)]

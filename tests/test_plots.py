@@ -37,6 +37,9 @@ def _figures():
                                        points=[(256, 0.02, "published")]),
         "error_vs_k_panels": plots.error_vs_k(ks, None, panels={"left": {"a": [1, 2, 3, 4]},
                                                                 "right": {"a": [4, 3, 2, 1], "b": [1, 1, 1, 1]}}),
+        "error_vs_k_exact": plots.error_vs_k(ks, {"exact": [0, 0, 0, 0]}),
+        "error_vs_k_exact_panel": plots.error_vs_k(ks, None, panels={"left": {"exact": [0, 0, 0, 0]},
+                                                                     "right": {"b": [1e-3, 0, 1e-2, 2e-2]}}),
         "loss_curves": plots.loss_curves({"fp32": [2.0, 1.0, 0.5], "fp16": [2.0, float("inf"), float("nan")]}),
         "sweep": plots.sweep([0, 1, 2, 3], {"model": [0, 1, 0, 1]}, exact=[0, 1, 2, 3], xlabel="c (units)",
                              ylabel="d (units)", marks=[(2, "boundary")]),
@@ -120,6 +123,62 @@ def test_every_preset_has_a_colour_of_its_own():
     assert len({plots.format_colour(name) for name in PRESETS}) == len(PRESETS)
 
 
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")   # matplotlib's own savefig: it raised for a log axis with no data
+    return buffer.getvalue()
+
+
+def _legend_texts(fig) -> list:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_error_vs_k_of_an_exact_method_saves_and_says_so():
+    # an exact kernel (one of the studies' own methods) has error 0 at every K: a log axis cannot show it,
+    # so the legend says it, and the figure still saves as a PNG (the signature from the PNG specification)
+    ks = [16, 64, 256]
+    fig = plots.error_vs_k(ks, {"exact": [0.0, 0.0, 0.0]})
+    assert _png(fig).startswith(b"\x89PNG\r\n\x1a\n")
+    assert _legend_texts(fig) == ["exact: error 0 at every K (exact)"]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("nothing to show on a log axis" in t for t in texts)
+    beside = plots.error_vs_k(ks, {"exact": [0.0, 0.0, 0.0], "fp32": [1e-7, 0.0, 4e-7]})
+    assert _png(beside).startswith(b"\x89PNG\r\n\x1a\n")
+    assert _legend_texts(beside) == ["exact: error 0 at every K (exact)", "fp32"]
+    for nothing in ([float("nan")] * 3, [float("inf")] * 3):
+        assert _png(plots.error_vs_k(ks, {"x": nothing})).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_log_axis_builders_save_when_no_value_is_positive():
+    # every builder with a log axis, given only values a log axis cannot show
+    figs = [plots.error_vs_k([16, 64], None, panels={"a": {"exact": [0, 0]}, "b": {"exact": [0, 0]}}),
+            plots.rounding_error(["fp64"], log2_range=(0, 4), points_per_binade=8),   # fp64 holds every 2^e
+            plots.loss_curves({"zero": [0.0, 0.0], "broke": [float("nan"), float("inf")]}),
+            plots.loss_scale_window([1, 2], [0.0, 0.0]),
+            plots.loss_scale_window([1, 2], [float("nan"), float("nan")]),
+            plots.magnitude_heatmap(["a"], np.zeros((1, 3)), -2, 1, [])]
+    for fig in figs:
+        assert _png(fig).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_magnitude_heatmap_refuses_shares_that_do_not_fit_its_rows_and_binades():
+    # the docstring's contract: shares of shape (len(rows), hi - lo), each a share in [0, 1]
+    rows = ["layer a", "layer b", "layer c"]
+    with pytest.raises(ValueError, match=r"\(3, 2\) for 3 rows and binades -2\.\.0, got shape \(1, 7\)"):
+        plots.magnitude_heatmap(rows, np.full((1, 7), 0.1), -2, 0, [])
+    with pytest.raises(ValueError, match=r"got shape \(3, 7\)"):
+        plots.magnitude_heatmap(rows, np.full((3, 7), 0.1), -2, 0, [])
+    with pytest.raises(ValueError, match="lo must be below hi, got lo=0 and hi=0"):
+        plots.magnitude_heatmap(rows, np.zeros((3, 0)), 0, 0, [])
+    with pytest.raises(TypeError, match="lo must be an int"):
+        plots.magnitude_heatmap(rows, np.zeros((3, 2)), -2.5, 0, [])
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="shares must lie in \\[0, 1\\]"):
+            plots.magnitude_heatmap(rows, np.full((3, 2), bad), -2, 0, [])
+    assert _png(plots.magnitude_heatmap(rows, np.full((3, 2), 0.5), -2, 0, [])).startswith(b"\x89PNG")
+    assert _png(plots.magnitude_heatmap([], np.zeros((0, 1)), 0, 1, [])).startswith(b"\x89PNG")
+
+
 def test_relative_error_envelope_matches_round_to_nearest():
     # fp16: unit roundoff u = 2^-11, so the largest error in a normal binade is u / (1 + u)
     binades, env = plots.relative_error_envelope("fp16", -27, 17, points_per_binade=512)
@@ -153,6 +212,8 @@ def test_lost_fractions_count_zeros_and_overflow():
     lambda: plots.loss_scale_window([1, 2], [1.0, 2.0], window=(4, 2)),
     lambda: plots.error_vs_k([16, 32], {"a": [1.0]}),
     lambda: plots.error_vs_k([16, 32], {}),
+    lambda: plots.error_vs_k([16, 32], {"signed": [1e-3, -1e-3]}),
+    lambda: plots.error_vs_k([16, 32], {"a": [1e-3, 1e-2]}, points=[(16, 0.0, "published")]),
     lambda: plots.sweep([0, 1], {"a": [0]}, xlabel="x", ylabel="y"),
     lambda: plots.relative_error_envelope("fp16", 3, 1),
     lambda: plots.loss_curves({}),

@@ -14,6 +14,7 @@ Sources of expected values:
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import numpy as np
@@ -257,6 +258,53 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="axis=2 is out of range"):
         PerChannelScaling(axis=2).scale(np.ones((2, 2), np.float32))
     assert set(RECIPES) == {"delayed", "current", "per_channel", "block"}
+
+
+BAD_ARGUMENTS = [   # (argument, value, error, message): refused alike by every recipe class that takes it
+    ("power_of_two", "no", TypeError, "power_of_two must be True or False, got str 'no'"),
+    ("power_of_two", 1, TypeError, "power_of_two must be True or False, got int 1"),
+    ("amax_epsilon", -1.0, ValueError, "amax_epsilon must be a finite number >= 0, got -1.0"),
+    ("amax_epsilon", float("nan"), ValueError, "amax_epsilon must be a finite number >= 0, got nan"),
+    ("amax_epsilon", "x", TypeError, "amax_epsilon must be a real number >= 0, got str 'x'"),
+    ("axis", 1.5, TypeError, "axis must be an int, got float 1.5"),
+    ("axis", "-1", TypeError, "axis must be an int, got str '-1'"),
+    ("margin", 1.0, TypeError, "margin must be an int >= 0, got float 1.0"),
+    ("amax_history_len", 0, ValueError, "amax_history_len must be an int >= 1, got 0"),
+    ("format", "e8m0", ValueError, "format='e8m0' is unsigned.*allowed: .*e4m3, e5m2"),
+    ("gradient_format", "e5m3fnu", ValueError, "gradient_format='e5m3fnu' is unsigned.*allowed: .*e4m3, e5m2"),
+]
+
+
+@pytest.mark.parametrize("cls, argument, value, error, message", [
+    pytest.param(cls, *bad, id=f"{cls.__name__}-{bad[0]}={bad[1]!r}")
+    for cls in (DelayedScaling, CurrentScaling, PerChannelScaling) for bad in BAD_ARGUMENTS
+    if bad[0] in {f.name for f in dataclasses.fields(cls)}])
+def test_every_recipe_refuses_a_bad_argument_when_it_is_made(cls, argument, value, error, message):
+    # DESIGN.md: bad input fails fast, naming the value and what is allowed; a recipe made with it quantised
+    # wrongly or failed later (CurrentScaling(power_of_two="no") scaled by 128 instead of fl32(448 / 3))
+    with pytest.raises(error, match=f"{cls.__name__}: {message}"):
+        cls(**{argument: value})
+
+
+def test_power_of_two_and_epsilon_as_te_defines_them():
+    # TE compute_scale_from_amax, by hand: amax 3 -> fl32(448 / 3); power_2_scale keeps the largest power
+    # of two not above it (the mantissa bits cleared): 128; amax_epsilon raises an amax below it
+    x = np.array([1.5, -3.0, 0.7], np.float32)
+    plain = Fraction(te_scale(3.0, "e4m3"))
+    power = Fraction(1)
+    while power * 2 <= plain:
+        power *= 2
+    assert power == 128 and plain != 128
+    assert Fraction(float(CurrentScaling(power_of_two=False).scale(x))) == plain
+    assert Fraction(float(CurrentScaling(power_of_two=True).scale(x))) == power
+    assert Fraction(float(CurrentScaling(power_of_two=np.True_).scale(x))) == power
+    assert Fraction(float(PerChannelScaling(power_of_two=True).scale(x[None])[0, 0])) == power
+    assert float(CurrentScaling(amax_epsilon=8.0).scale(x)) == te_scale(8.0, "e4m3")   # 448 / 8 = 56
+    assert PerChannelScaling(axis=np.int64(0)).scale(np.ones((2, 3), np.float32)).shape == (1, 3)
+    with pytest.raises(TypeError, match="scale_from_amax: power_of_two must be True or False, got str 'no'"):
+        scale_from_amax(3.0, fpsim.format("e4m3"), power_of_two="no")
+    with pytest.raises(ValueError, match="scale_from_amax: epsilon must be a finite number >= 0, got -1.0"):
+        scale_from_amax(3.0, fpsim.format("e4m3"), epsilon=-1.0)
 
 
 @pytest.mark.parametrize("recipe", [CurrentScaling("e4m3"), PerChannelScaling("e4m3"), DelayedScaling("e4m3"),

@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import plots
+from ..formats import format as get_format
 from .histogram import E_LO, N_BINS
-from .store import GRADIENT_KINDS
+from .store import GRADIENT_KINDS, KINDS
 
 MAX_FIGURE_ROWS = 64
 """Heatmaps show at most this many layers (the most affected ones); report.json has them all."""
@@ -23,6 +24,26 @@ MAX_FIGURE_ROWS = 64
 _KIND_TITLES = {"activation": "Activations (module outputs)", "activation_grad": "Activation gradients",
                 "weight": "Weights", "weight_grad": "Weight gradients (as backward produced them)",
                 "optimizer_grad": "Weight gradients as the optimizer used them", "update": "Optimizer updates"}
+
+
+def _limits(report, formats) -> list:
+    """The report's format limits that `formats` names (all of them for None), in report order; a name the
+    report lacks is refused. Names and aliases both work ("float16" is fp16)."""
+    if formats is None:
+        return list(report.limits)
+    names = [lim.name for lim in report.limits]
+    wanted = set()
+    for given in [formats] if isinstance(formats, str) else formats:
+        name = given
+        if name not in names:
+            try:
+                name = get_format(given).name
+            except (TypeError, ValueError):
+                pass
+        if name not in names:
+            raise ValueError(f"formats: the report has no format {given!r}; allowed: {', '.join(names)}")
+        wanted.add(name)
+    return [lim for lim in report.limits if lim.name in wanted]
 
 
 def _most_affected(report, layers: list, kind: str, limit: int) -> list:
@@ -48,11 +69,18 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
     down through the heatmap. For gradients of a loss-scaled format, a second
     row shows its range seen from the unscaled gradients at the recommended
     loss scale 2^r (the band moved left by r).
+
+    kind: one of the recorded tensor kinds (activation, activation_grad,
+    weight, weight_grad, optimizer_grad, update); a kind no layer recorded
+    gives a figure that says so. formats: names of the report's formats
+    (default: all). Anything else is refused with a ValueError.
     """
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"unknown tensor kind {kind!r}; allowed: {', '.join(KINDS)}")
+    limits = _limits(report, formats)
     layers = [layer for layer in report.layers if kind in layer.tensors and layer.tensors[kind].nonzero]
     shown_all = len(layers)
     layers = _most_affected(report, layers, kind, MAX_FIGURE_ROWS)
-    limits = [lim for lim in report.limits if formats is None or lim.name in formats]
     bands, edges = [], []
     for lim in limits:
         bands.append((lim.name, lim.name, lim.zero_exponent, lim.emin, lim.emax + 1))
@@ -63,7 +91,7 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
             r = ls.recommended_log2
             bands.append((f"{lim.name} ×2^{r}", lim.name, lim.zero_exponent - r, lim.emin - r, lim.emax + 1 - r))
     if not layers:
-        return plots.magnitude_heatmap([], np.zeros((0, 0)), 0, 1, bands, title=f"no {kind} recorded")
+        return plots.magnitude_heatmap([], np.zeros((0, 1)), 0, 1, bands, title=f"no {kind} recorded")
     matrix = np.array([layer.tensors[kind].hist.counts / layer.tensors[kind].nonzero for layer in layers])
     used = np.flatnonzero(matrix.sum(axis=0))
     lo = used[0] + E_LO if used.size else -30
@@ -83,9 +111,11 @@ def magnitude_heatmap(report, kind: str = "activation_grad", formats=None):
 
 
 def loss_scale_windows(report, formats=None):
-    """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice."""
-    limits = [lim for lim in report.limits
-              if (formats is None and not lim.per_tensor_scaled) or (formats is not None and lim.name in formats)]
+    """Per loss-scaled format, each layer's usable loss-scale window (log2), the shared one and the choice.
+
+    formats: names of the report's formats (default: those it loss-scales); a name the report lacks is
+    refused with a ValueError."""
+    limits = [lim for lim in _limits(report, formats) if formats is not None or not lim.per_tensor_scaled]
     layers = [layer for layer in report.layers if any(k in layer.tensors for k in GRADIENT_KINDS)]
     if len(layers) > MAX_FIGURE_ROWS:   # the ones no shared scale serves first, then in report order
         unserved = set(n for ls in report.loss_scale.values() for n in ls.unserved)

@@ -3,6 +3,8 @@ error across them, log2 histograms and per-layer heatmaps above each format's ba
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from . import data as D
@@ -72,8 +74,9 @@ def rounding_error(formats=DEFAULT_FORMATS, *, log2_range=None, rounding: str = 
             visible = np.where(env > 0, env, np.nan)   # exact values (0 error) cannot sit on a log axis
             ax.stairs(visible, np.append(binades, binades[-1] + 1), color=format_colour(fmt.name), linewidth=1.8,
                       label=f"{fmt.name} (u = $2^{{{-fmt.precision}}}$)", gid=f"format:{fmt.name}")
-        ax.set_yscale("log", base=10)
+        # the limits first: a format exact over the whole range (no positive error) leaves no data to scale
         ax.set_ylim(bottom=min(2.0 ** -(max(f.precision for f in fmts) + 3), 1e-3), top=3.0)
+        ax.set_yscale("log", base=10)
         ax.set_xlim(lo, hi)
         binade_axis(ax)
         ax.set_ylabel("largest relative error |q(x) − x| / |x| in each binade\n"
@@ -134,7 +137,8 @@ def magnitude_heatmap(rows, shares, lo: int, hi: int, bands, *, edges=(), title:
     """Rows (layers) x binades [lo, hi): the share of each row's values per binade (a log colour
     scale; 0 left blank), under a strip of format bands.
 
-    rows: row names (drawn as written). shares: array (len(rows), hi - lo). bands: (label,
+    rows: row names (drawn as written). lo < hi: ints. shares: array of shape (len(rows),
+    hi - lo), each share in [0, 1] (anything else is refused: ValueError). bands: (label,
     format name, first subnormal, first normal, end) in log2 units, one strip row each.
     edges: (x, format name) dashed lines carried down through the heatmap (flush and overflow edges).
     Fixed margins, no layout pass: the analyzer draws these on every report.
@@ -142,6 +146,18 @@ def magnitude_heatmap(rows, shares, lo: int, hi: int, bands, *, edges=(), title:
     from matplotlib.colors import LogNorm
 
     rows = [shown(r) for r in rows]
+    for name, value in (("lo", lo), ("hi", hi)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int (a binade exponent), got {type(value).__name__} {value!r}")
+    if not lo < hi:
+        raise ValueError(f"lo must be below hi, got lo={lo} and hi={hi}")
+    shares = np.asarray(shares, dtype=float)
+    if shares.shape != (len(rows), hi - lo):
+        raise ValueError(f"shares must have shape (len(rows), hi - lo) = ({len(rows)}, {hi - lo}) for {len(rows)} "
+                         f"rows and binades {lo}..{hi}, got shape {shares.shape}")
+    if not np.all((shares >= 0) & (shares <= 1)):   # NaN fails this too
+        bad = shares[~((shares >= 0) & (shares <= 1))][0]
+        raise ValueError(f"shares must lie in [0, 1] (a share of each row's values), got {float(bad)!r}")
     height = 1.7 + 0.24 * max(len(rows), 3) + 0.2 * len(bands)
     width = 11.0
     longest = max(max((len(r) for r in rows), default=8), max((len(b[0]) for b in bands), default=8))
@@ -160,7 +176,7 @@ def magnitude_heatmap(rows, shares, lo: int, hi: int, bands, *, edges=(), title:
     strip = fig.add_subplot(grid[0, 0])
     heat = fig.add_subplot(grid[1, 0], sharex=strip)
     bar_axis = fig.add_subplot(grid[1, 1])
-    image = heat.imshow(np.ma.masked_equal(np.asarray(shares, float), 0), norm=LogNorm(vmin=1e-6, vmax=1),
+    image = heat.imshow(np.ma.masked_equal(shares, 0), norm=LogNorm(vmin=1e-6, vmax=1),
                         cmap="viridis", aspect="auto", interpolation="nearest", extent=(lo, hi, len(rows), 0))
     heat.set_facecolor("#f2f2f2")
     row_labels(heat, rows, np.arange(len(rows)) + 0.5)
@@ -173,7 +189,7 @@ def magnitude_heatmap(rows, shares, lo: int, hi: int, bands, *, edges=(), title:
     cbar.set_label(colorbar_label, fontsize=8)
     cbar.ax.tick_params(labelsize=8)
     format_bands(strip, bands, fontsize=8)
-    strip.set_ylim(-0.5, len(bands) - 0.5)
+    strip.set_ylim(-0.5, max(len(bands), 1) - 0.5)
     for x, name in edges:
         if lo <= x <= hi:
             heat.axvline(x, color=format_colour(name), lw=1.1, ls="--", alpha=0.9, gid=f"format:{name}")

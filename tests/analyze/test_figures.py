@@ -160,3 +160,18 @@ def test_analyzer_and_study_figures_give_a_format_one_colour(report):
         assert len(seen) == 1, f"{name} drawn in {len(seen)} colours: {sorted(seen)}"
     colours = {name: next(iter(analyzer.get(name) or study[name])) for name in set(analyzer) | set(study)}
     assert len(set(colours.values())) == len(colours), f"two formats share a colour: {colours}"
+
+
+def test_a_kind_or_format_the_report_cannot_have_is_refused(report):
+    # the kinds a record holds are fpsim.analyze.store's; a misspelt kind drew an empty "no ... recorded"
+    # figure, and a format the report lacks was silently left out of the bands
+    allowed = "activation, activation_grad, weight, weight_grad, optimizer_grad, update"
+    with pytest.raises(ValueError, match=f"unknown tensor kind 'not_a_kind'; allowed: {allowed}"):
+        figures.magnitude_heatmap(report, "not_a_kind")
+    with pytest.raises(ValueError, match="no format 'fp99'; allowed: fp16, bf16, e4m3, e5m2"):
+        figures.magnitude_heatmap(report, "activation_grad", formats=["fp99"])
+    with pytest.raises(ValueError, match="no format 'e3m2'; allowed: fp16, bf16, e4m3, e5m2"):
+        figures.loss_scale_windows(report, ["e3m2"])
+    # names and aliases of the report's formats, a single name as a string too
+    fig = figures.magnitude_heatmap(report, "weight_grad", formats="float16")
+    assert {a.get_gid() for a in fig.findobj(lambda a: str(a.get_gid() or "").startswith("format:"))} == {"format:fp16"}
