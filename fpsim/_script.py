@@ -1,10 +1,12 @@
-"""A training script run in this process as `python script ARGS` would run it (fpsim analyze, its --emulate)."""
+"""A training script run in this process as `python script ARGS` would run it (fpsim analyze, its --emulate),
+and the folder a command writes into, checked before anything runs."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import tempfile
 
 
 @contextlib.contextmanager
@@ -22,3 +24,18 @@ def as_main(script: str, args):
         sys.path[:] = saved_path
         with contextlib.suppress(OSError):
             os.chdir(saved_cwd)
+
+
+def check_out(out) -> str:
+    """The report folder as an absolute path (a script that changes directory, as hydra does, still writes
+    where it was checked), created and found writable now; ValueError naming the problem otherwise."""
+    out = os.path.abspath(os.fspath(out))
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is an existing file, not a folder; give a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write into {out!r}: {err.strerror or err}") from None
+    return out

@@ -318,3 +318,16 @@ def test_cast_of_nan_to_a_format_without_nan_says_there_is_none(capsys):
     assert "result      none: e2m1 has no NaN" in run(capsys, "cast", "--to", "e2m1", "nan")[1]
     facts = json.loads(run(capsys, "cast", "--json", "--to", "e2m1", "nan")[1])[0]
     assert facts["result"] is None and facts["code"] is None and facts["note"] == "e2m1 has no NaN"
+
+
+def test_study_refuses_bad_names_and_a_file_for_out_before_running(capsys, tmp_path):
+    """A file given as --out raised NotADirectoryError mid-study (exit 1); 'all' beside other names was
+    refused by a message that listed it as allowed; a bad name with --list was ignored (exit 0)."""
+    target = tmp_path / "afile"
+    target.write_text("")
+    code, _, err = run(capsys, "study", "format_ranges", "--fast", "--out", str(target))
+    assert code == 2 and "is an existing file, not a folder" in err
+    code, _, err = run(capsys, "study", "all", "format_ranges")
+    assert code == 2 and "unknown study 'all' beside other names" in err and "or all alone" in err
+    code, _, err = run(capsys, "study", "bogus", "--list")
+    assert code == 2 and "unknown study 'bogus'" in err

@@ -15,27 +15,10 @@ from __future__ import annotations
 
 import os
 import runpy
-import sys
-import tempfile
 
-from .._script import as_main
+from .._script import as_main, check_out
 from .hooks import DEFAULT_FORMATS, StopRun, Watcher
 from .signals import terminate_as_exception
-
-
-def check_out(out) -> str:
-    """The report folder as an absolute path (a script that changes directory, as hydra does, still writes
-    where it was checked), created and found writable now; ValueError naming the problem otherwise."""
-    out = os.path.abspath(os.fspath(out))
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} is an existing file, not a folder; give a folder for the report")
-    try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as err:
-        raise ValueError(f"cannot write the report into {out!r}: {err.strerror or err}") from None
-    return out
 
 
 class ScriptRun:

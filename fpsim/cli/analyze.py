@@ -110,7 +110,7 @@ def _print_written(paths: dict, out, error=None, stream=None) -> None:
 def cmd_demo(args) -> int:
     """Train the bundled demo model on generated data, observe it, write and summarise the report."""
     from ..analyze.demo import DEMO_STEPS, run_demo
-    from ..analyze.runner import check_out
+    from .._script import check_out
 
     if args.steps is None:
         args.steps = DEMO_STEPS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from .._script import check_out
 from .common import add_output_options, print_json
 
 
@@ -11,6 +12,14 @@ def cmd_study(args) -> int:
     """Run reproducible studies: regenerate their figures and Markdown pages."""
     from .. import studies
 
+    names = list(studies.STUDIES) if args.names == ["all"] else args.names
+    for name in names:                # (also with --list: a name it ignored was a typo said nowhere)
+        if name not in studies.STUDIES:
+            allowed = f"{', '.join(studies.STUDIES)}, or all alone"
+            raise ValueError(f"unknown study {name!r}" + ("" if name != "all" else " beside other names")
+                             + f"; allowed: {allowed}")
+    if args.out is not None:
+        check_out(args.out)
     if args.list or not args.names:
         if args.json:
             print_json([{"name": name, "title": title} for name, title in studies.available()])
@@ -20,10 +29,6 @@ def cmd_study(args) -> int:
         if not args.list:
             print("\nrun one with: fpsim study NAME [--fast] [--out DIR]  (or: fpsim study all)")
         return 0
-    names = list(studies.STUDIES) if args.names == ["all"] else args.names
-    for name in names:
-        if name not in studies.STUDIES:
-            raise ValueError(f"unknown study {name!r}; allowed: {', '.join(studies.STUDIES)} or all")
     done = []
     for name in names:
         if not args.quiet:
