@@ -3,8 +3,8 @@
 A `Tracer` is a TorchDispatchMode plus two global module hooks. Every aten op
 the run computes passes through it, forward and backward, with its `Site`:
 the innermost module running it (by qualified name) and the op. It hands the
-op's floating-point outputs to a client, which may observe them or return
-replacements (emulation rounds them):
+op's floating-point outputs (complex ones too: their parts are floats) to a
+client, which may observe them or return replacements (emulation rounds them):
 
     client.forward_op(site, outputs)    -> None, or a list of replacement tensors
     client.backward_op(site, outputs)   -> None, or a list of replacement tensors (optional)
@@ -23,7 +23,10 @@ the client hears when each backward pass ends (`backward_done`).
 
 How the pieces are found:
 - the innermost module: a stack kept by global forward pre/post hooks (the
-  post hook always runs, also when forward raises);
+  post hook always runs, also when forward raises); a module outside the
+  named roots is itself a new root, or, where the client names its roots
+  alone (`ModuleNames(new_roots=False)`: a watched model), no module at all:
+  its ops are the loop's (OUTSIDE) and the client hears nothing of it;
 - the site of a backward op: the forward op that created the autograd node now
   running (torch._C._current_autograd_node), remembered by the node's sequence
   number when the forward op ran (a bounded table, cleared by `forget_graph`);
@@ -41,8 +44,11 @@ through it, attributed to the compiled module. TorchScript modules run their
 inside as one call: their ops are attributed to the scripted module itself.
 View ops and copies (no new values: clone, _unsafe_view, copy_),
 uninitialised allocations (empty) and constants (zeros, ones, full, *_like)
-are skipped, though a skipped op that consumes an observed op's output gets
-that output its gradient hook (a Linear on 3-D input: addmm, then a view); a
+are skipped, though a skipped view or copy that consumes an observed op's
+output gets that output its gradient hook (a Linear on 3-D input: addmm, then
+a view); a skipped op that only reads its input's shape or value (ones_like:
+the seed of loss.backward(); detach; item()) does not: its output carries no
+gradient back, and a loss nothing else consumes keeps no gradient. A
 change of dtype (_to_copy, autocast's casts) is an op. Of an op with several
 floating outputs, those its meta kernel keeps in float32 for float16 inputs
 (a fused kernel's statistics) are not handed on: no FP16 run stores them in FP16.
@@ -152,12 +158,17 @@ class ModuleNames:
     module called for the first time outside every named root is a new root,
     labelled by its class; a second live root of the same class is `Class#2`.
     A root created every step (a loss module made inside the loop) takes back
-    the label of the dead one, so names and records do not grow.
+    the label of the dead one, so names and records do not grow. With
+    new_roots=False (a watched model: its modules alone are named), such a
+    module gets no name: `adopt` gives OUTSIDE, and `is_outside` tells it.
     """
 
-    def __init__(self):
+    def __init__(self, new_roots: bool = True):
+        self.new_roots = new_roots
         self._names = IdentityMap()                 # module -> qualified name
         self._roots: dict = {}                      # label -> weakref to the root
+        self._prefixed: dict = {}                   # label -> whether its modules' names start with it
+        self._outside = IdentityMap()               # modules found outside every root (new_roots=False)
         self.scripted: list = []                    # names of TorchScript modules seen
         self.compiled: list = []                    # names of torch.compile'd modules seen
         self.new_names: list = []                   # (module, name) named since the client last looked
@@ -173,17 +184,24 @@ class ModuleNames:
 
         core = unwrap(model)
         self._roots[label] = weakref.ref(core)
+        self._prefixed[label] = prefix_label
         self._name_chain(model, core, label)
+        self._name_descendants(core, label)
+        if isinstance(core, torch.jit.ScriptModule):
+            self.scripted.append(label)
+
+    def _name_descendants(self, core, label: str) -> None:
+        """Name the modules of the root `core` (labelled `label`) that have no name yet."""
+        import torch
+
         for name, mod in core.named_modules():
             if not name or mod in self._names:
                 continue
             name = _strip(name)
-            qual = f"{label}.{name}" if prefix_label else name
+            qual = f"{label}.{name}" if self._prefixed[label] else name
             self._set(mod, qual)
             if isinstance(mod, torch.jit.ScriptModule) and not _inside_script(name, core):
                 self.scripted.append(qual)
-        if isinstance(core, torch.jit.ScriptModule):
-            self.scripted.append(label)
 
     def _name_chain(self, model, core, name: str) -> None:
         """Give `model`, the wrappers inside it and their `core` the name `name`; note a torch.compile wrapper."""
@@ -200,14 +218,33 @@ class ModuleNames:
         self._names[module] = name
         self.new_names.append((module, name))
 
+    def is_outside(self, module) -> bool:
+        """Whether `module` was found outside every root (new_roots=False)."""
+        return module in self._outside
+
     def adopt(self, module) -> str:
         """Name a module seen for the first time outside every known root; its name. A wrapper made around a
-        module already named (torch.compile(model) after watch(model)) takes that module's name."""
+        module already named (torch.compile(model) after watch(model)) takes that module's name, and a module
+        added to a root after the root was named its qualified name. Any other module is a new root, or, with
+        new_roots=False, outside: OUTSIDE (remembered, `is_outside`)."""
         core = unwrap(module)
         known = self._names.get(core)
         if known is not None:
             self._name_chain(module, core, known)
             return known
+        if not self.new_roots:
+            if module in self._outside:
+                return OUTSIDE
+            for label, ref in list(self._roots.items()):
+                root = ref()
+                if root is not None and any(m is core for m in root.modules()):
+                    self._name_descendants(root, label)
+                    known = self._names.get(core)
+                    if module is not core:            # a wrapper made around it
+                        self._name_chain(module, core, known)
+                    return known
+            self._outside[module] = True
+            return OUTSIDE
         base = type(core).__name__
         label, n = base, 2
         while label in self._roots and self._roots[label]() is not None:
@@ -230,27 +267,34 @@ def _inside_script(name: str, core) -> bool:
 
 
 def _op_name(func):
-    """The op's short name ('mul'), or None for ops whose outputs are skipped: views make no new values,
-    empty allocations hold garbage, constants and copies repeat what is known."""
+    """The op's short name ('mul'), or for ops whose outputs are skipped None or "": views make no new values,
+    copies repeat what is known (None: their output carries the gradient of their inputs back, so a later op
+    that consumes it consumes them); empty allocations hold garbage, constants repeat what is known, detach and
+    item() read a value ("": no gradient flows back through them; ones_like is the seed of loss.backward())."""
     name = func._schema.name
-    if func.is_view or name.startswith(("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
-            "aten::detach", "aten::alias", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::zeros",
-            "aten::ones", "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros", "aten::new_ones",
-            "aten::new_full", "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy"):
+    if name in ("aten::detach", "aten::lift_fresh", "aten::_local_scalar_dense") or name.startswith(
+            ("aten::empty", "aten::new_empty")) or name.endswith("_like") or name in (
+            "aten::zeros", "aten::ones", "aten::full", "aten::scalar_tensor", "aten::arange", "aten::new_zeros",
+            "aten::new_ones", "aten::new_full"):
+        return ""
+    if func.is_view or name in ("aten::alias", "aten::clone", "aten::_unsafe_view", "aten::copy_", "aten::view_copy"):
         return None
     return name.split("::")[-1]
 
 
 _OP_NAMES: dict = {}
-"""OpOverload -> its short name, or None when its outputs are skipped (filled as ops are first seen)."""
+"""OpOverload -> its short name, or None / "" when its outputs are skipped (`_op_name`; filled as ops are first
+seen)."""
 
 
 def _float_outputs(out, tensor_type) -> list:
+    """The floating-point tensors of an op's output, complex ones included (their parts are floats)."""
     if isinstance(out, tensor_type):
-        return [out] if out.is_floating_point() else []
+        return [out] if out.is_floating_point() or out.is_complex() else []
     if isinstance(out, (tuple, list)):
-        return [t for t in out if isinstance(t, tensor_type) and t.is_floating_point()]
+        return [t for t in out if isinstance(t, tensor_type) and (t.is_floating_point() or t.is_complex())]
     return []
+
 
 
 _WIDE_OUTPUTS: dict = {}
@@ -466,7 +510,7 @@ class Tracer:
         if self._is_compiling() or not self._stack:
             return
         name = self._stack.pop()
-        if self.is_busy():
+        if self.is_busy() or (name == OUTSIDE and self.names.is_outside(module)):
             return
         self.client.module_output(name, module, output)
 
@@ -511,22 +555,23 @@ class Tracer:
             return None
         sequence = node._sequence_nr()
         site, tags = self._nodes.get(sequence), self._hooked.get(sequence, ())
-        tensors = [g for g in grads if g is not None and g.is_floating_point()]
+        tensors = [g for g in grads if g is not None and (g.is_floating_point() or g.is_complex())]
         if tensors and site is not None:
             self.client.output_grad(site, tensors)
         for index, tag in tags:
             grad = grads[index]
-            if grad is not None and grad.is_floating_point():
+            if grad is not None and (grad.is_floating_point() or grad.is_complex()):
                 self.client.tagged_grad(tag, grad)
         return None
 
-    def _pass_on(self, args) -> None:
-        """A skipped forward op (a view, a copy): the observed ops whose outputs it consumes get their
-        gradient pre-hook, as a later op's inputs would (a Linear on 3-D input is addmm and a view: the
-        view alone consumes addmm's output); and if it made an autograd node, the next observed op does
-        not take that node for its own."""
+    def _pass_on(self, args, consumes: bool) -> None:
+        """A skipped forward op: if it made an autograd node, the next observed op does not take that node for
+        its own; and if it consumes its inputs (a view or a copy), the observed ops whose outputs it consumes get
+        their gradient pre-hook, as a later op's inputs would (a Linear on 3-D input is addmm and a view: the
+        view alone consumes addmm's output). One that passes no gradient back (ones_like, the seed of
+        loss.backward(); detach; item()) hooks nothing: the loss it reads keeps no gradient."""
         self._last_sequence = self._next_sequence()
-        if self._grad_wanted:
+        if consumes and self._grad_wanted:
             self._hook_inputs(args)
 
     def _on_op(self, func, out, args=(), kwargs=None):
@@ -535,9 +580,9 @@ class Tracer:
             op = _OP_NAMES[func] = _op_name(func)
         if self.is_busy():
             return out
-        if op is None:
+        if not op:                                    # skipped (None: a view or a copy)
             if self._current_node() is None:
-                self._pass_on(args)
+                self._pass_on(args, op is None)
             return out
         outputs = _float_outputs(out, self._tensor)
         if not outputs:

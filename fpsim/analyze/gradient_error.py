@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 
+from .readable import real_parts
+
 
 def flat(grads: dict, names: list):
     """One flat float32 tensor of the named gradients (None when none of them has one); a sparse gradient
-    (Embedding(sparse=True)) as its dense values."""
+    (Embedding(sparse=True)) as its dense values, a complex one as its real and imaginary parts (the norm and
+    the products are those of the complex vector)."""
     import torch
 
-    parts = [(g.to_dense() if g.is_sparse else g).reshape(-1) for g in (grads.get(n) for n in names)
+    parts = [real_parts(g.to_dense() if g.is_sparse else g).reshape(-1) for g in (grads.get(n) for n in names)
              if g is not None]
     return torch.cat(parts) if parts else None
 

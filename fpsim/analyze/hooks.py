@@ -11,7 +11,12 @@ backward produced them (`weight_grad`, before accumulation, clipping and
 unscaling); optimizer step hooks count the weights (`weight`), the gradients
 the optimizer used (`optimizer_grad`) and the change it made (`update`).
 Under a GradScaler, backward tensors are divided by the scale they carry, so
-an AMP run is judged as the same model in FP32.
+an AMP run is judged as the same model in FP32. A complex tensor counts as its
+real and imaginary parts; a tensor subclass or wrapper as the values it holds
+(readable.py), and one whose values cannot be read is left out and noted, while
+everything else goes on being counted. With a model given, only its modules are
+named: a module outside it (the model's parent, when a submodule is watched)
+runs as part of the loop.
 
 Hooks never modify a tensor, never read a value back from a device, and
 never raise into the run: the first error is reported with warnings.warn,
@@ -39,8 +44,9 @@ from .histogram import MASS_SIZE, Log2Counter
 from .limits import is_low_precision, resolve_formats
 from .nested import float_tensors, is_subclass
 from .precision import ScalerWatch, inverse_scale, optimizer_grads_unscaled
-from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe
-from .shadow import ShadowSteps
+from .readable import plain_values, real_parts
+from .recipe_probe import DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_TENSORS, RecipeProbe, check_recipe_bounds
+from .shadow import ShadowSteps, check_shadow_options
 from .signals import Terminated, deferred_signals
 from .store import KINDS, Store  # (KINDS: the tensor kinds a watch can record)
 
@@ -58,6 +64,8 @@ module's output, or a view of it over the same memory, such as a Linear's 3-D ou
 reaching two hooks) is added again without a second pass."""
 MAX_OUTPUT_HOOKS = 4096
 """Module outputs with a gradient hook of their own, at most (entries of tensors gone are dropped then)."""
+MAX_UNCOUNTED_NAMES = 64
+"""Layers and op sites listed per reason in the note on tensors that could not be counted (the counts go on)."""
 
 
 class StopRun(BaseException):
@@ -122,6 +130,8 @@ class Watcher:
 
         self.limits = resolve_formats(formats)
         self.kinds = _check_kinds(kinds)
+        check_shadow_options(shadow_scales, shadow_numerics)          # also when no step is shadowed
+        check_recipe_bounds(recipe_max_elements, recipe_max_tensors)  # also when no recipe is measured
         self.shadow = None if shadow_every is None else ShadowSteps(self.limits, shadow_every, shadow_scales,
                                                                     shadow_numerics)
         self.recipes = None if recipes_every is None else RecipeProbe(recipes_every, recipe_max_elements,
@@ -139,13 +149,13 @@ class Watcher:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {on_step!r}")
-        self.every, self.ops, self.out, self.on_step = every, ops, out, on_step
+        self.every, self.ops, self.out, self.on_step = every, ops, _check_out(out), on_step
         self.model = model
         self._optimizer = optimizer
         self._spec = _check_modules(modules)
         self._store = Store(len(self.limits), step_capacity)
         self._counter = Log2Counter()
-        self.names = ModuleNames()
+        self.names = ModuleNames(new_roots=model is None)   # a watched model: modules outside it are the loop's
         self._tracer = Tracer(self, self.names)
         self._recorded = IdentityMap()                  # module -> record name, or None when not recorded
         self._types: dict = {}                          # record name -> module class name, or "op"
@@ -201,17 +211,25 @@ class Watcher:
             self._check_names(unwrap(model))
         self._lost_thresholds = [(lim.emin + 127, lim.fmt.man_bits + 2) for lim in self.limits]
         self._lost_matrices: dict = {}
+        self._uncounted: dict = {}                      # why -> {record name: tensors not counted}
+        self._uncounted_more: dict = {}                 # why -> tensors of names beyond MAX_UNCOUNTED_NAMES
 
     # --------------------------------------------------------------- naming
     def _check_names(self, core) -> None:
-        """Module names given in modules= must exist in the model (fails at watch(), before training)."""
+        """Module names given in modules= must exist in the model, and module types match one of its modules
+        (fails at watch(), before training)."""
         if isinstance(self._spec, str) or self._spec is None:
             return
-        known = {name for name, _ in core.named_modules()}
+        modules = list(core.named_modules())
+        known = {name for name, _ in modules}
         missing = [n for n in self._spec if isinstance(n, str) and n not in known and n != self._label]
         if missing:
             raise ValueError(f"no module named {missing[0]!r} in the model; the modules are: "
                              f"{', '.join(sorted(k for k in known if k))}")
+        unmatched = [t for t in self._spec if isinstance(t, type) and not any(isinstance(m, t) for _, m in modules)]
+        if unmatched:
+            raise ValueError(f"no module of type {unmatched[0].__name__} in the model; its module types are: "
+                             f"{', '.join(sorted({type(m).__name__ for _, m in modules}))}")
 
     def _refresh(self) -> None:
         """Decide, for modules named since last time, whether they get a record (and hook their parameters)."""
@@ -477,8 +495,8 @@ class Watcher:
                 seen = self._dtypes[name] = {}
             in_place = site.op.endswith("_")   # (aten's in-place ops: torch bumps the version after this)
             for t in outputs:
-                self._count(name, "activation", t, cached=not in_place)
-                seen[t.dtype] = seen.get(t.dtype, 0) + 1
+                if self._count(name, "activation", t, cached=not in_place)[0] is not None:   # (None: unreadable)
+                    seen[t.dtype] = seen.get(t.dtype, 0) + 1
         except Exception as err:
             self._fail(err)
         return None
@@ -521,7 +539,7 @@ class Watcher:
                 self._note_autocast()
             tensors = (output,) if type(output) is torch.Tensor else float_tensors(output)
             for t in tensors:
-                if not t.is_floating_point():
+                if not t.is_floating_point() and not t.is_complex():
                     continue
                 if "activation" in self.kinds:
                     self._count(record, "activation", t)
@@ -756,8 +774,10 @@ class Watcher:
 
     # -------------------------------------------------------------- counting
     def _count(self, name: str, kind: str, tensor, unscale: bool = False, cached: bool = True):
-        """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty).
+        """Add a tensor's counts and mass (none for updates) to (name, kind); (row, counts or None when empty), or
+        (None, None) for a tensor that cannot be read (noted: readable.plain_values).
 
+        A complex tensor counts as its real and imaginary parts (two values per element).
         unscale: divide by the scale a GradScaler put on this step's backward (exact for powers of two).
         A tensor counted a moment ago and unchanged since (the same object, or
         a view of the same base over the same memory, at the same version) is
@@ -765,15 +785,20 @@ class Watcher:
         in-place op, whose version torch bumps only after it).
         """
 
-        if tensor.__class__ not in self._counter.plain:
-            tensor = getattr(tensor, "_local_tensor", tensor)   # a DTensor: this rank's part (ranks are summed)
+        key = _cache_key(tensor) if tensor.__class__ in self._counter.plain else None
+        if key is None:      # a tensor subclass (DTensor, nested), or a tensor without storage (vmap's, torch.func's)
+            tensor, why = plain_values(tensor)
+            if tensor is None:
+                self._note_uncounted(name, why)
+                return None, None
+            key = _cache_key(tensor)
         if self.recipes is not None and kind != "weight" and self._recipe_step():   # weights: _on_step_pre
             self._probe_recipes(name, kind, tensor, unscale)
         store = self._store
         row = store.index.get(kind, _NO_ROWS).get(name)
         if row is None:
             row = store.row(name, kind, tensor)
-        key, version = _cache_key(tensor), tensor._version
+        version = tensor._version
         seen = self._counted.get(key) if cached else None
         if seen is not None and seen[2] == unscale and _same_values(seen[0](), tensor, seen[1]):
             record, counts, amax, mass = seen[3:]
@@ -804,6 +829,17 @@ class Watcher:
                 pass
         return row, record if record is not None else counts
 
+    def _note_uncounted(self, name: str, why: str) -> None:
+        """A tensor of `name` that cannot be read (readable.plain_values) is left out; the report's notes say
+        where and why (at most MAX_UNCOUNTED_NAMES names per reason; the number of tensors covers them all)."""
+        names = self._uncounted.get(why)
+        if names is None:
+            names = self._uncounted[why] = {}
+        if name in names or len(names) < MAX_UNCOUNTED_NAMES:
+            names[name] = names.get(name, 0) + 1
+        else:
+            self._uncounted_more[why] = self._uncounted_more.get(why, 0) + 1
+
     def _recipe_step(self) -> bool:
         return self.recipes is not None and self._sampled and self.recipes.wants(self.step)
 
@@ -828,6 +864,8 @@ class Watcher:
                 tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
             if not tensor.numel():
                 return None, None, None
+            if tensor.is_complex():       # each part a value, as complex32 stores each part in FP16
+                tensor = real_parts(tensor)
             if unscale:
                 tensor = tensor.float() * self._inverse_scale.to(tensor.device)
             elif not tensor.is_contiguous():
@@ -846,12 +884,13 @@ class Watcher:
         max(b_w, emin) - m - 2. One bincount of the pair (exponent field of w,
         exponent field of u) and a fixed 0/1 matrix give every format at once.
         An update of exactly half an ulp (a tie) counts as kept; float32-subnormal
-        updates (below 2^-126) count as lost.
+        updates (below 2^-126) count as lost. A complex weight and its update pair
+        part with part.
         """
         import torch
 
-        u = update.detach().float().reshape(-1).view(torch.int32)
-        w = before.detach().float().reshape(-1).view(torch.int32)
+        u = real_parts(update.detach()).float().reshape(-1).view(torch.int32)
+        w = real_parts(before.detach()).float().reshape(-1).view(torch.int32)
         key = ((w >> 15) & 0xFF00).add_((u >> 23) & 0xFF)
         joint = self._counter._bincount(key, 65536).view(256, 256)
         # lost_f = sum over weight fields g of #{1 <= t <= last_f[g]}: a cumulative sum along t, then a gather
@@ -953,6 +992,13 @@ class Watcher:
             notes.append(f"{', '.join(names[:5])}{' and others' if len(names) > 5 else ''} hold parameters that "
                          f"are tensor subclasses (DTensor: FSDP2's fully_shard, tensor parallelism): their weights, "
                          f"weight gradients and updates are not observed")
+        for why, names in self._uncounted.items():
+            listed = sorted(names)
+            more = self._uncounted_more.get(why, 0)
+            tensors = sum(names.values()) + more
+            notes.append(f"{tensors} tensor{'s' if tensors != 1 else ''} of {', '.join(listed[:5])}"
+                         f"{f' and {len(listed) - 5} more' if len(listed) > 5 else ''}"
+                         f"{' and others' if more else ''} not counted: {why}")
         if self._tracer.error is not None:
             notes.append(f"module naming failed once: {self._tracer.error}")
         if self.shadow is not None:
@@ -1041,6 +1087,9 @@ def _check_modules(spec):
     if not isinstance(spec, (list, tuple, set, frozenset)):
         raise TypeError(f"modules must be one of {', '.join(MODULE_PRESETS)}, a module name or type, or a "
                         f"sequence of them; got {type(spec).__name__} {spec!r}")
+    if not spec:
+        raise ValueError(f"modules is empty; give one of {', '.join(MODULE_PRESETS)}, or qualified names and module "
+                         f"types of the modules to record")
     bad = [s for s in spec if not isinstance(s, (str, type))]
     if bad:
         raise TypeError(f"modules holds {bad[0]!r}; give qualified names (str) or module types")
@@ -1048,6 +1097,19 @@ def _check_modules(spec):
     if bad_types:
         raise TypeError(f"modules holds {bad_types[0]!r}, which is not a torch.nn.Module type")
     return tuple(spec)
+
+
+def _check_out(out):
+    """out=: None, or a folder path (str or os.PathLike) that is not an existing file."""
+    import os
+
+    if out is None:
+        return None
+    if not isinstance(out, (str, os.PathLike)) or not isinstance(os.fspath(out), str):
+        raise TypeError(f"out must be a folder path (str or os.PathLike) or None, got {type(out).__name__} {out!r}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"out {os.fspath(out)!r} is an existing file, not a folder; give a folder for the report")
+    return out
 
 
 def _plain_f32(t) -> bool:
@@ -1080,11 +1142,19 @@ def _flat(tensors, copy: bool = False):
 def _cache_key(tensor):
     """The counts cache's key: a plain contiguous tensor's memory (a view of it over the same bytes holds the
     same values), else the object itself (sparse layouts; tensor subclasses, whose data_ptr need not be
-    their values')."""
+    their values'); None for a plain tensor without storage (functorch's wrappers, the meta device:
+    readable.plain_values)."""
     import torch
 
-    if type(tensor) is torch.Tensor and tensor.layout == torch.strided and tensor.is_contiguous():
-        return tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.device
+    if type(tensor) is torch.Tensor and tensor.layout == torch.strided:
+        try:
+            address = tensor.data_ptr()
+        except RuntimeError:        # no storage: inside torch.vmap or torch.func.grad
+            return None
+        if not address and tensor.numel():   # no memory of its own (the meta device)
+            return None
+        if tensor.is_contiguous():
+            return address, tensor.numel(), tensor.dtype, tensor.device
     return id(tensor)
 
 

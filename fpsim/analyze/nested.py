@@ -33,10 +33,11 @@ def leaves(tree) -> list:
 
 
 def float_tensors(tree) -> list:
-    """The floating-point tensors among the leaves of `tree`, in order."""
+    """The floating-point tensors among the leaves of `tree`, in order; complex ones too (their parts are
+    floats, each stored in the format as FP16's complex32 stores them)."""
     import torch
 
-    return [t for t in leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t for t in leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
 
 
 def map_leaves(fn, tree):

@@ -44,6 +44,7 @@ from ..codec import decode, encode
 from ..rounding import quantize
 from .effect import LOSS_SUMS, RowMass
 from .limits import FormatLimits
+from .readable import real_parts
 
 RECIPE_KINDS = ("activation", "activation_grad", "weight", "weight_grad")
 """The tensor kinds the recipes are judged on (the GEMM operands and results a layer owns)."""
@@ -166,10 +167,8 @@ class RecipeProbe:
     """The sums of every candidate per (layer, kind), over the sampled steps; see the module docstring."""
 
     def __init__(self, every: int, max_elements: int = DEFAULT_MAX_ELEMENTS, max_tensors: int = DEFAULT_MAX_TENSORS):
-        for name, value in (("recipes_every", every), ("recipe_max_elements", max_elements),
-                            ("recipe_max_tensors", max_tensors)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _check_positive("recipes_every", every)
+        check_recipe_bounds(max_elements, max_tensors)
         self.every, self.max_elements, self.max_tensors = every, max_elements, max_tensors
         self.sums: dict = {}          # (layer, kind) -> float64[candidates, LOSS_SUMS]
         self.measured: dict = {}      # (layer, kind) -> int[candidates]: tensors each candidate measured
@@ -273,13 +272,29 @@ class RecipeProbe:
                 "delayed_history": DELAYED_HISTORY, "error": self.error}
 
 
+def check_recipe_bounds(max_elements, max_tensors) -> None:
+    """recipe_max_elements and recipe_max_tensors: positive ints (ValueError naming the value otherwise)."""
+    _check_positive("recipe_max_elements", max_elements)
+    _check_positive("recipe_max_tensors", max_tensors)
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def _host_float32(tensor, inverse_scale):
-    """A float32 numpy copy of a torch tensor (divided by a GradScaler's scale), None when empty or not dense."""
+    """A float32 numpy copy of a torch tensor (divided by a GradScaler's scale), None when empty or not dense. A
+    complex tensor as its real and imaginary parts side by side along its last dimension (re, im, re, im, ...):
+    each part is a value of the format."""
     import torch
 
     t = tensor.detach()
     if t.layout != torch.strided or not t.numel() or type(t) is not torch.Tensor:   # sparse, empty, DTensor
         return None
+    if t.is_complex():
+        t = real_parts(t)
+        t = t.reshape(*t.shape[:-2], -1)
     t = t.float()
     if inverse_scale is not None:
         t = t * inverse_scale.to(t.device)

@@ -26,6 +26,7 @@ import functools
 import math
 
 from .nested import float_tensors
+from .readable import real_parts
 
 
 class FP32:
@@ -228,7 +229,8 @@ def _quantized_products():
     positions = {torch.addmm: (1, 2), torch.Tensor.addmm: (1, 2)}
 
     def quantized(x, lim):
-        return _quantize(x, lim) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        return _quantize(x, lim) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) \
+            else x
 
     def operands(replay, func, args, kwargs):
         """The names and positions of func's operands to quantise in `replay`, or None."""
@@ -272,11 +274,14 @@ def _quantize(x, lim):
 
 def _quantized_values(x, lim):
     """quantize(x * scale, saturate=True) / scale with scale = max / amax (1 where amax is 0, Inf or NaN):
-    detached, the division in place on the quantized tensor (one temporary, no autograd nodes)."""
+    detached, the division in place on the quantized tensor (one temporary, no autograd nodes). A complex x:
+    its real and imaginary parts, each a value of the format, under one scale."""
     import torch
 
     from ..rounding import quantize
 
+    if x.is_complex():
+        return torch.view_as_complex(_quantized_values(real_parts(x.detach()).contiguous(), lim))
     amax = 0.0
     x = x.detach()
     if x.numel():                    # max |x| from one min/max reduction (no |x| temporary); NaN or inf: scale 1
@@ -333,7 +338,7 @@ def all_finite(value) -> bool:
         if not t.numel():
             continue
         with torch._C._DisableTorchDispatch() if type(t) is torch.Tensor else contextlib.nullcontext():
-            lo, hi = torch.aminmax(t.detach())
+            lo, hi = torch.aminmax(real_parts(t.detach()))
             if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
                 return False
     return True

@@ -67,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import numbers
 import warnings
 
 from ..trace import ModuleHook, run_eagerly
@@ -74,6 +75,7 @@ from .evidence import threshold
 from .gradient_error import Reference, flat
 from .limits import LOW_PRECISION_DTYPES, is_low_precision
 from .nested import float_tensors, is_subclass, leaves, map_leaves
+from .readable import widened
 from .replay import FP32, Autocast, EmulatedAutocast, FakeQuant, SourceFound
 
 COMMAND_LINE_EVERY = 10
@@ -237,6 +239,25 @@ class ShadowRecord:
 MAX_LISTED_STEPS = 64
 
 
+def check_shadow_options(scales, numerics) -> tuple:
+    """shadow_scales (None: NARROW_SCALES_LOG2) as sorted distinct ints, after checking them and shadow_numerics:
+    ValueError naming the value and what is allowed."""
+    if numerics not in NUMERICS:
+        raise ValueError(f"shadow_numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+    if scales is None:
+        return NARROW_SCALES_LOG2
+    try:
+        given = list(scales)
+    except TypeError:
+        given = [scales]
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in given):
+        raise ValueError(f"shadow_scales must be ints (log2 of the candidate loss scales), got {scales!r}")
+    values = tuple(sorted({int(s) for s in given}))
+    if not values or values[0] != 0 or values[-1] > 64:
+        raise ValueError(f"shadow_scales must hold 0 (scale 1) and ints up to 64, got {scales!r}")
+    return values
+
+
 @dataclasses.dataclass
 class _Capture:
     step: int
@@ -256,18 +277,10 @@ class ShadowSteps:
     `before_step(inverse_scale)` from its optimizer pre-step hook and `step_ended()` at the end of each step."""
 
     def __init__(self, limits, every: int, scales=None, numerics: str = "emulated"):
+        scales = check_shadow_options(scales, numerics)
         self.numerics = numerics
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"shadow_every must be a positive int (replay every N-th step) or None, got {every!r}")
-        if scales is None:
-            scales = NARROW_SCALES_LOG2
-        try:
-            scales = tuple(sorted({int(s) for s in scales}))
-        except (TypeError, ValueError):
-            raise ValueError(f"shadow_scales must be ints (log2 of the candidate loss scales), got {scales!r}") \
-                from None
-        if not scales or scales[0] != 0 or scales[-1] > 64:
-            raise ValueError(f"shadow_scales must hold 0 (scale 1) and stay <= 64, got {scales!r}")
         self.every, self.scales = every, scales
         self.formats = [lim for lim in limits if lim.per_tensor_scaled or lim.name in AUTOCAST_DTYPES]
         self.skipped_formats = [lim.name for lim in limits if lim not in self.formats]
@@ -518,7 +531,7 @@ class ShadowSteps:
         def on_grad(grad):
             try:
                 with self._busy():
-                    g = grad.detach().float().clone()
+                    g = widened(grad.detach()).clone()
                     capture.grads[i] = g if capture.grads[i] is None else capture.grads[i] + g
             except Exception as err:
                 self._fail(err)
@@ -529,7 +542,7 @@ class ShadowSteps:
             try:
                 with self._busy():
                     if capture.real is not None:
-                        g = grad.detach().float().clone()
+                        g = widened(grad.detach()).clone()
                         capture.real[name] = g if name not in capture.real else capture.real[name] + g
             except Exception as err:
                 self._fail(err)
@@ -788,7 +801,7 @@ class ShadowSteps:
                 grads = torch.autograd.grad([o for o, _ in pairs], [params[n] for n in names],
                                             [(g * factor).to(o.dtype) for o, g in pairs],
                                             retain_graph=i < len(scales) - 1, allow_unused=True)
-                result[s] = {n: None if g is None else g.float() / factor if s else g.float()
+                result[s] = {n: None if g is None else widened(g) / factor if s else widened(g)
                              for n, g in zip(names, grads)}
                 if i == 0 and len(scales) > 1 and (escalate is None or not escalate(result[s])):
                     break

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import numpy as np
 
@@ -76,10 +77,13 @@ class Settings:
         if isinstance(fp8_margin, bool) or not isinstance(fp8_margin, int) or fp8_margin < 0:
             raise ValueError(f"fp8_margin must be an int >= 0 (binades of headroom), got {fp8_margin!r}")
         try:
-            lo, hi = (int(v) for v in scale_range)
+            lo, hi = scale_range
         except (TypeError, ValueError):
+            lo = hi = None
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in (lo, hi)):
             raise ValueError(f"scale_range must be two ints (log2 of the smallest and largest loss scale "
-                             f"searched), got {scale_range!r}") from None
+                             f"searched), got {scale_range!r}")
+        lo, hi = int(lo), int(hi)
         if lo > 0 or hi < 0 or hi - lo > 512:
             raise ValueError(f"scale_range must hold 0 and span at most 512 binades, got {scale_range!r}")
         return cls(float(underflow_threshold), fp8_margin, (lo, hi))

@@ -53,3 +53,43 @@ def test_unobserved_steps_reuse_the_last_observed_amax():
     np.testing.assert_array_equal(per_step_amax(entries, 1, 6), [2, 2, 2, 5, 5, 5])
     np.testing.assert_array_equal(per_step_amax(entries[:3], 2, 5), [2, 2, 2, 2, 2])
     assert per_step_amax(np.full(4, -np.inf, dtype=np.float32), 1, 4) is None
+
+
+def test_the_replay_of_an_fp32_run_skips_what_a_real_gradscaler_run_skips():
+    # The reference: the same model and data under CPU autocast FP16 with a real torch.amp.GradScaler (its
+    # defaults), which scales the FP32 loss in FP32. Before, the seed of loss.backward() (ones_like of the loss),
+    # and loss.item(), hooked the loss op as if they consumed it: its "gradient" 1 x 2^16 overflowed FP16 and
+    # the replay predicted a skipped first step that the real scaler never makes
+    from torch import nn
+
+    from fpsim.analyze import watch
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    real = make()
+    optimizer, scaler, skipped = torch.optim.SGD(real.parameters(), lr=0.01), torch.amp.GradScaler("cpu"), 0
+    for x in inputs:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = real(x).float().pow(2).mean()
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
+    model = make()
+    optimizer, losses = torch.optim.SGD(model.parameters(), lr=0.01), []
+    with watch(model, formats=("fp16",)) as w:
+        for x in inputs:
+            loss = model(x).pow(2).mean()
+            losses.append(loss.item())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report = w.report()
+    assert report.gradscaler["fp16"].skipped_steps == skipped == 0
+    assert [sorted(op.tensors) for op in report.ops if op.name == "loop:mean"] == [["activation"]]
+    assert report.layer("2").tensors["activation_grad"].amax < 1   # the gradients themselves are as before

@@ -289,14 +289,17 @@ def _train_gan(watched=None, steps: int = 6):
 @pytest.mark.parametrize("watched", [lambda G, D: G, lambda G, D: nn.ModuleDict({"G": G, "D": D})],
                          ids=["generator", "both"])
 def test_a_forward_whose_gradient_comes_a_step_later_is_replayed_then(watched):
-    # each optimizer's step is a step: the generator's forward runs in the discriminator's step, the gradient
-    # reaches its output in the next, after the discriminator's update (which leaves the generator as it was).
-    # Before, every capture was dropped when the discriminator's step ended: no step was shadowed
+    # watching both, each optimizer's step is a step: the generator's forward runs in the discriminator's step, the
+    # gradient reaches its output in the next, after the discriminator's update (which leaves the generator as it
+    # was). Before, every capture was dropped when the discriminator's step ended: no step was shadowed. Watching
+    # the generator alone, the discriminator is outside the watched model and its optimizer steps none of the
+    # generator's parameters: the steps are the generator's (its forward and backward in one step)
     unobserved, _ = _train_gan()
     trained, w = _train_gan(watched)
     assert all(torch.equal(a, b) for a, b in zip(unobserved, trained))
     report = w.report()
-    assert report.run["steps"] == 12 and report.shadow_summary()["steps"]
+    both = isinstance(w.model, nn.ModuleDict)
+    assert report.run["steps"] == (12 if both else 6) and report.shadow_summary()["steps"]
     assert w.shadow._real_matches      # the replay's FP32 gradients equal those the real backward computed
     generator_layer = "0" if "0" in report.shadow_evidence else "G.0"
     assert report.shadow_evidence[generator_layer]["fp16"]["grad_rel_error"] < 0.01
@@ -794,19 +797,30 @@ def test_an_op_that_is_its_modules_output_is_no_finding_when_the_replay_clears_t
 
 
 def test_op_verdicts_are_judged_at_the_loss_scale_the_shadow_steps_choose():
-    # the value counts ask FP16 for 2^16, the shadow steps for 2^8. The loss op's own gradient is the loss
-    # scale itself (d loss / d loss = 1, times the scale): 2^16 is beyond FP16's 65504, 2^8 is not. At the
-    # counts' scale the op was fp32 and a finding; at the scale in force it is neither.
-    from fpsim.analyze.demo import SensorNet, sensor_data, train
+    # the value counts ask FP16 for 2^17, the shadow steps for 2^8. The loss is cross-entropy plus a logit
+    # penalty: the gradient of each term is 1, times the scale: 2^17 is beyond FP16's 65504, 2^8 is not. At the
+    # counts' scale the op was fp32 and a finding; at the scale in force it is neither. (The loss itself, which
+    # nothing consumes, has no gradient: the seed of loss.backward() is not one.)
+    from fpsim.analyze.demo import DEMO_BATCH, DEMO_SEED, TRAIN_SAMPLES, SensorNet, sensor_data
 
     torch.manual_seed(0)
     model = SensorNet(hidden=64, depth=6)
+    data = sensor_data()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(DEMO_SEED + 1)
     with watch(model, formats=("fp16",), shadow_every=10) as w:
-        train(model, sensor_data(), 100)
+        for _ in range(100):
+            i = torch.randint(0, TRAIN_SAMPLES, (DEMO_BATCH,), generator=g)
+            logits = model(data["readings"][i], data["pressure"][i])
+            loss = nn.functional.cross_entropy(logits, data["label"][i]) + 1e-3 * logits.pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     report = w.report()
     counted_scale = report.counted["loss_scale"]["fp16"].recommended_log2
     scale = report.loss_scale["fp16"].recommended_log2
     assert 2.0 ** counted_scale > 65504 > 2.0 ** scale
+    assert [sorted(op.tensors) for op in report.ops if op.name == "loop:add"] == [["activation"]]
     assert report.counted["verdicts"]["loop:nll_loss_forward"]["fp16"].verdict == "fp32"
     assert report.verdict("loop:nll_loss_forward", "fp16") == "ok"
     assert "loop:nll_loss_forward" not in [f.name for f in report.findings]

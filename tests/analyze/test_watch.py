@@ -108,13 +108,12 @@ def test_bad_arguments_fail_before_training(data):
 
 
 class Fragile(torch.Tensor):
-    """A tensor subclass (as some libraries use) that does not support one op the hook needs."""
+    """A tensor subclass (as some libraries use) that raises when the hook asks it for its values (as a DTensor,
+    for the part it holds)."""
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func is torch.aminmax:
-            raise NotImplementedError("Fragile tensors do not support aminmax")
-        return super().__torch_function__(func, types, args, kwargs or {})
+    @property
+    def _local_tensor(self):
+        raise NotImplementedError("Fragile tensors do not give their local part")
 
 
 class FragileOutput(nn.Module):
@@ -136,7 +135,7 @@ def test_a_failing_hook_warns_once_detaches_and_training_goes_on(data):
         with watch(model, modules="leaves") as w:        # "leaves" records the model's own output too
             train(model, data, 5, batch=64)
     ours = [c for c in caught if "fpsim.watch" in str(c.message)]
-    assert len(ours) == 1 and "aminmax" in str(ours[0].message)
+    assert len(ours) == 1 and "local part" in str(ours[0].message)
     assert w.observation_error and not w._handles
     for (name, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
         assert torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)), name
@@ -435,3 +434,97 @@ def test_finite_float64_values_beyond_float32_are_not_reported_non_finite():
         report.to_dict()
     activation = report.layer("Huge").tensors["activation"]
     assert activation.first_nonfinite_step is None and activation.hist.huge == 12
+
+
+@pytest.mark.parametrize("options, error, words", [
+    (dict(scale_range=(-32.5, 64)), ValueError, r"scale_range must be two ints .*got \(-32.5, 64\)"),
+    (dict(shadow_every=1, shadow_scales=(0.5,)), ValueError, r"shadow_scales must be ints .*got \(0.5,\)"),
+    (dict(shadow_scales=(0.5,)), ValueError, r"shadow_scales must be ints"),         # also when nothing is shadowed
+    (dict(shadow_scales=()), ValueError, r"shadow_scales must hold 0"),
+    (dict(shadow_numerics="fast"), ValueError, r"shadow_numerics must be one of 'emulated', 'autocast', got 'fast'"),
+    (dict(recipe_max_elements=0), ValueError, r"recipe_max_elements must be a positive int, got 0"),
+    (dict(out=123), TypeError, r"out must be a folder path \(str or os.PathLike\) or None, got int 123"),
+    (dict(modules=[]), ValueError, r"modules is empty; give one of params, leaves, all"),
+    (dict(modules=[nn.Conv2d]), ValueError, r"no module of type Conv2d in the model; its module types are: "),
+], ids=["fractional_scale_range", "fractional_shadow_scale", "shadow_scale_unused", "no_shadow_scales",
+        "numerics", "recipe_elements", "out_int", "no_modules", "absent_module_type"])
+def test_bad_arguments_fail_at_watch_naming_the_value_and_what_is_allowed(options, error, words):
+    # docs/analyzer.md: "Bad arguments fail at watch(...), before training starts". Before, these were
+    # accepted: scale_range truncated to (-32, 64), shadow_scales (0.5,) to [0], out=123 failed only at the
+    # block's end, and modules=[] or a type matching no module gave an empty report
+    with pytest.raises(error, match=words) as raised:
+        watch(small_model(), **options)
+    if "modules" in options and options["modules"]:          # the types, as torch lists the model's modules
+        assert str(raised.value).endswith(", ".join(sorted({type(m).__name__ for m in small_model().modules()})))
+
+
+def test_an_out_that_is_an_existing_file_fails_at_watch(tmp_path):
+    path = tmp_path / "report"
+    path.write_text("not a folder")
+    with pytest.raises(ValueError, match="is an existing file, not a folder"):
+        watch(small_model(), out=path)
+    assert watch(small_model(), out=tmp_path / "new", scale_range=(np.int64(-8), 8), modules=[nn.Linear])
+
+
+def _nested_sequential():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 2))
+
+
+def _train_nested(model, steps: int = 2):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        loss = model(torch.randn(8, 6, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["alone", "inside_a_watch_of_the_whole_model"])
+def test_a_watched_submodule_records_its_own_modules_named_as_torch_names_them(inside):
+    # before: the modules around it were recorded too, under made-up names ('Sequential#2.0', 'Sequential#2.3'),
+    # because the global module hooks named every module that ran while the watch was on as a new root
+    plain = _nested_sequential()
+    _train_nested(plain)
+    model = _nested_sequential()
+    outer = watch(model, formats=("fp16",)) if inside else None
+    if outer is not None:
+        outer.attach()
+    with watch(model[2], formats=("fp16",), modules="all") as w:
+        _train_nested(model)
+    if outer is not None:
+        outer.close()
+        assert {layer.name for layer in outer.report().layers if not layer.is_op} == {"0", "2.0", "3"}
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    report = w.report()
+    torch_names = {name or type(model[2]).__name__ for name, _ in model[2].named_modules()}
+    assert {layer.name for layer in report.layers if not layer.is_op} == torch_names == {"Sequential", "0", "1"}
+    assert report.layer("0").tensors["weight_grad"].samples == 4      # weight and bias, 2 steps
+    assert {op.module for op in report.ops} == torch_names - {"Sequential"} | {"loop"}
+    assert "loop:addmm" in {op.name for op in report.ops}             # the last Linear, outside the submodule
+    assert w.step == 2 and report.run["model"] == "Sequential"
+
+
+def test_a_module_added_to_the_watched_model_after_watch_gets_the_name_torch_gives_it():
+    # modules outside the watched model are not recorded; one added to it while watched is its own, named as in
+    # model.named_modules() (before: a root of its own, 'Linear')
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, formats=("fp16",)) as w:
+        model.append(nn.Linear(4, 2))
+        opt.add_param_group({"params": model[1].parameters()})
+        for seed in range(2):
+            _train_step(model, opt, seed)
+    names = [layer.name for layer in w.report().layers if not layer.is_op]
+    assert names == [name for name, module in model.named_modules() if isinstance(module, nn.Linear)] == ["0", "1"]
+    assert w.report().layer("1").tensors["weight_grad"].samples == 4 and not w.tied
+
+
+def _train_step(model, opt, seed: int):
+    loss = model(torch.randn(8, 4, generator=torch.Generator().manual_seed(seed))).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
