@@ -34,7 +34,26 @@ How the pieces are found:
   registered when a later op consumes the output (so never on a leaf; it dies
   with the graph);
 - the dtype an op ran in: its outputs' dtype, after autocast cast its inputs
-  (the mode sits below autocast in the dispatcher, so it sees the casts too).
+  (the mode sits below autocast in the dispatcher, so it sees the casts too);
+- a forward that activation checkpointing recomputes in backward: a module
+  starting with grad on while a backward pass runs. A non-reentrant
+  checkpoint's forward ran with grad and was heard of: its recomputation is not
+  (module outputs are skipped; the mode, stepped aside, sees no op). A reentrant
+  one (an autograd Function's) ran its forward without grad: its recomputation,
+  from the Function's backward until the Function's own backward call, is the
+  forward the client hears of, under the modules that ran the Function (found by
+  the autograd node the Function made while grad was off), and the nodes it
+  makes get their gradient pre-hooks (`_replay_function`). `module_grad()` says
+  whether the innermost module started with grad: under no_grad autocast casts
+  weights with grad on.
+
+Several tracers may intercept at once (two watches, two framework callbacks),
+and close in any order: torch pops whatever mode is on top, so a tracer pops its
+mode only when it is on top; under another mode its mode pauses (inert, passing
+every op on) and comes back to life where it is, and an inert mode leaves the
+stack as soon as it is on top (when any tracer pushes or pops, or a backward
+pass starts). Once every tracer closed, none of their modes is left, unless a
+mode of the run's own sits above one (it goes at the next tracer's start).
 
 What it cannot see, and says (`notes`): code compiled by torch.compile runs
 fused kernels; the mode steps aside while Dynamo compiles (it declares
@@ -368,7 +387,8 @@ def _make_mode_class():
 
         def __init__(self, tracer):
             super().__init__()
-            self.tracer = tracer
+            self.tracer = tracer        # who hears of its ops: the owner, or _PASS_THROUGH while inert
+            self.owner = tracer         # the tracer whose mode it is (None once that tracer closed)
 
         @classmethod
         def ignore_compile_internals(cls) -> bool:
@@ -400,12 +420,19 @@ class Tracer:
         self.client = client
         self.names = names if names is not None else ModuleNames()
         self._stack: list = []                  # names of the modules running, innermost last
+        self._grads: list = []                  # whether grad was on when each of them started
         self._nodes: dict = {}                  # autograd sequence number -> Site of the forward op
         self._hooked: dict = {}                 # sequence number of a node given a gradient pre-hook -> its tags
         self._last_sequence = -1
         self._busy = threading.local()           # the client's own tensor work passes through untouched
         self._mode = None
         self._aside = False                      # the mode is popped while autograd's engine runs
+        self._functions: dict = {}              # sequence number of an autograd Function's node whose forward ran
+                                                #   without grad -> (module stack, grads) when it ran
+        self._hooked_functions: set = set()      # sequence numbers of those given their hooks (`_hook_function`)
+        self._recompute = None                   # depth of a forward recomputed in backward that was counted (skipped)
+        self._replay = None                      # (module stack, grads, mode pushed) of the forward a reentrant
+        self._replaying = False                  #   checkpoint recomputes (heard of as the forward), while it runs
         self._handles: list = []
         self._sites: dict = {}                   # (module name, op) -> Site
         self._prehook = self._on_node_grads      # one bound method for every node hooked
@@ -415,6 +442,9 @@ class Tracer:
         self._is_compiling = torch.compiler.is_compiling
         self._current_node = torch._C._current_autograd_node
         self._next_sequence = torch._C._autograd._get_sequence_nr
+        self._graph_task = torch._C._current_graph_task_id
+        self._function_node = torch.autograd.function.BackwardCFunction
+        self._grad_enabled = torch.is_grad_enabled
         self.error = None
         self._grad_wanted = hasattr(client, "output_grad")
         self._backward_wanted = hasattr(client, "backward_op")
@@ -432,7 +462,10 @@ class Tracer:
         from torch.nn.modules import module as nn_module
 
         if on and not self._handles:
+            self._end_replay()
             self._stack.clear()
+            self._grads.clear()
+            self._recompute = None
             self._handles = [nn_module.register_module_forward_pre_hook(self._on_pre),
                              nn_module.register_module_forward_hook(self._on_post, always_call=True)]
         elif not on:
@@ -441,36 +474,55 @@ class Tracer:
             self._handles = []
 
     def intercept(self, on: bool) -> None:
-        """Push or pop the dispatch mode (ops cost nothing extra while it is off)."""
-        global _MODE_CLASS
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        """Push or pop the dispatch mode (ops cost nothing extra while it is off).
 
-        if on and self._mode is None:
+        Only a mode on top of torch's stack can be popped (torch pops whatever is on top: modes leave in the
+        order they came). One under another mode (a second watch's, the run's own) is paused instead: inert, it
+        passes every op on, and comes back to life where it is when interception resumes. Every inert mode
+        leaves the stack as soon as it is on top: whenever a tracer pushes or pops its mode, or autograd's engine
+        starts (`_drop_inert_modes`); a closed tracer's mode stays inert.
+        """
+        global _MODE_CLASS
+
+        mode = self._mode
+        if on:
+            if mode is not None:                      # on the stack (paused, or popped for a backward pass)
+                mode.tracer = self
+                return
             if _MODE_CLASS is None:
                 _MODE_CLASS = _make_mode_class()
+            _drop_inert_modes()
             self._mode = _MODE_CLASS(self)
             self._mode.__enter__()
-        elif not on and self._mode is not None:
-            if self._aside:                                   # popped for a backward pass: it stays out
+        elif mode is not None:
+            if self._aside:                           # popped for a backward pass: it stays out
                 self._mode = None
-            elif _get_current_dispatch_mode() is self._mode:  # only ever pop our own mode
-                self._mode.__exit__(None, None, None)
+            elif _top_mode() is mode:                 # only ever pop a mode on top
                 self._mode = None
+                mode.__exit__(None, None, None)
+                _drop_inert_modes()
             else:
-                self._mode.tracer = _PASS_THROUGH     # another mode sits above ours: go inert
+                mode.tracer = _PASS_THROUGH           # another mode sits above ours: paused
 
     def close(self) -> None:
-        """Remove the hooks and the mode (idempotent)."""
+        """Remove the hooks and the mode (idempotent; a mode under another mode stays inert until it is on top)."""
         self.intercept(False)
+        if self._mode is not None:
+            self._mode.owner, self._mode = None, None
         self.modules(False)
         _steps_aside_in_backward(self, False)
+        self._end_replay()
         self._stack.clear()
+        self._grads.clear()
+        self._recompute = None
         self.forget_graph()
 
     def forget_graph(self) -> None:
         """Drop the forward-op table of autograd nodes (call when a step's backward passes are done)."""
         self._nodes.clear()
         self._hooked.clear()
+        self._functions.clear()
+        self._hooked_functions.clear()
 
     def busy(self):
         """A context in which the client's own tensor operations pass through without interception."""
@@ -488,15 +540,30 @@ class Tracer:
 
     # -------------------------------------------------------------- modules
     def outermost(self) -> bool:
-        """Whether no module is running (in `client.module_output`: the module that just ran was outermost)."""
-        return not self._stack
+        """Whether no module is running (in `client.module_output`: the module that just ran was outermost; a
+        forward recomputed in backward ran inside its caller)."""
+        return not self._stack and not self._replaying
 
     def current_module(self) -> str:
         return self._stack[-1] if self._stack else OUTSIDE
 
+    def module_grad(self) -> bool:
+        """Whether grad was on when the innermost running module started (True outside every module). Under
+        no_grad, autocast casts a weight with grad on (its cast cache then serves grad regions too): an op of a
+        module that started without grad is no training op, whatever grad mode it saw."""
+        return self._grads[-1] if self._grads else True
+
     def _on_pre(self, module, args):
         if self._is_compiling():
             return
+        grad = self._grad_enabled()
+        if grad:
+            if self._recompute is None and self._graph_task() != -1 and not self.is_busy():
+                self._recomputed()
+        elif self._mode is not None:
+            sequence = self._next_sequence()
+            if sequence != self._last_sequence:
+                self._in_function(sequence)
         name = self.names.get(module)
         if name is None:
             try:
@@ -505,14 +572,97 @@ class Tracer:
                 self.error = err
                 name = type(module).__name__
         self._stack.append(name)
+        self._grads.append(grad)
 
     def _on_post(self, module, args, output):
         if self._is_compiling() or not self._stack:
             return
         name = self._stack.pop()
+        self._grads.pop()
+        recompute = self._recompute
         if self.is_busy() or (name == OUTSIDE and self.names.is_outside(module)):
+            pass
+        elif recompute is None:                       # (else the recomputation of what was counted: not again)
+            self.client.module_output(name, module, output)
+        if recompute is not None and len(self._stack) <= recompute:
+            self._recompute = None
+
+    # ------------------------------------------------------- recomputation
+    def _in_function(self, sequence: int) -> None:
+        """Something made an autograd node while grad is off: an autograd Function, in whose forward the module or
+        op now starting runs. Where the Function recomputes that forward in its backward (a reentrant
+        checkpoint), the recomputation runs under the modules running now (`_recomputed`)."""
+        self._last_sequence = sequence
+        if len(self._functions) >= MAX_NODES:
+            self._functions.clear()
+        self._functions[sequence - 1] = (tuple(self._stack), tuple(self._grads))
+
+    def _recomputed(self) -> None:
+        """A module starts with grad on inside a backward pass: activation checkpointing recomputes a forward.
+
+        A non-reentrant checkpoint's forward ran with grad, and was heard of then: its recomputation (under
+        torch's recomputation hooks) is not: module outputs are skipped until the module returns, and ops too
+        (the mode, popped for the backward pass, sees none; inside a replay it skips them). A reentrant
+        checkpoint ran its forward without grad, in an autograd Function's, and nothing of it was heard of: its
+        recomputation, in the Function's backward, is the forward (a replay: `_replay_function`, here unless the
+        Function's node hook began it already)."""
+        if _under_recomputation_hooks():
+            self._recompute = len(self._stack)
+        elif not self._replaying:
+            node = self._current_node()
+            if isinstance(node, self._function_node):
+                self._replay_function(node)
+
+    def _hook_function(self, node, sequence: int) -> None:
+        """Hooks on the node of an autograd Function whose forward ran without grad (its output is consumed now):
+        a replay while its backward runs, which may recompute that forward (a reentrant checkpoint). A tracer
+        that wants backward ops hears that backward as backward ops, as before."""
+        self._hooked_functions.add(sequence)
+        if not self._backward_wanted and isinstance(node, self._function_node):
+            node.register_prehook(self._on_function_backward)
+            node.register_hook(self._on_function_backward_end)
+
+    def _on_function_backward(self, grads):
+        if not self._replaying and not self.is_busy():
+            self._replay_function(self._current_node())
+        return None
+
+    def _on_function_backward_end(self, grad_inputs, grad_outputs):
+        self._end_replay()
+        return None
+
+    def _replay_function(self, node) -> None:
+        """The backward of an autograd Function whose forward ran without grad begins: what it recomputes with
+        grad (a reentrant checkpoint's forward) is the forward the client hears of, its ops forward ops (the
+        mode, popped for the backward pass, is back until `_end_replay`), under the modules that ran the
+        Function's forward, and their nodes are the ones its own backward call goes through. (Its other ops, run
+        without grad, are no forward ops of the run: the clients count none.)"""
+        if node is None or self not in _BACKWARD_ASIDE:   # (the engine call ends a replay: enlisted tracers only,
+            return                                        #  while attached)
+        caller = self._functions.get(node._sequence_nr())
+        pushed = None
+        if self._aside and self._mode is not None:
+            pushed = self._mode
+            pushed.__enter__()
+            self._aside = False
+        self._replay = (self._stack, self._grads, pushed)
+        self._stack, self._grads = (list(caller[0]), list(caller[1])) if caller else (list(self._stack),
+                                                                                     list(self._grads))
+        self._replaying = True
+
+    def _end_replay(self, roots=()) -> None:
+        """A reentrant checkpoint's recomputation ended (its backward call starts, with `roots`, the recomputed
+        outputs, whose nodes get their gradient pre-hook: the call hands them the gradients that the forward's
+        later ops would have had); the mode steps aside again for the rest of the backward pass."""
+        replay, self._replay, self._replaying = self._replay, None, False
+        if replay is None:
             return
-        self.client.module_output(name, module, output)
+        self._stack, self._grads, pushed = replay
+        if roots and self._grad_wanted:
+            self._hook_inputs(roots)
+        if pushed is not None and self._mode is pushed and _top_mode() is pushed:
+            pushed.__exit__(None, None, None)
+            self._aside = True
 
     # ------------------------------------------------------------------ ops
     def _hook_inputs(self, args) -> None:
@@ -526,11 +676,14 @@ class Tracer:
                 self._hook_node(node)
 
     def _hook_node(self, node):
-        """The tags of a node made by an observed op, pre-hooked now if it was not (None for other nodes)."""
+        """The tags of a node made by an observed op, pre-hooked now if it was not (None for other nodes; the node
+        of an autograd Function whose forward ran without grad gets the hooks of `_hook_function`)."""
         sequence = node._sequence_nr()
         tags = self._hooked.get(sequence)
         if tags is None:
             if sequence not in self._nodes:
+                if sequence in self._functions and sequence not in self._hooked_functions:
+                    self._hook_function(node, sequence)
                 return None
             tags = self._hooked[sequence] = []
             node.register_prehook(self._prehook)
@@ -570,7 +723,10 @@ class Tracer:
         their gradient pre-hook, as a later op's inputs would (a Linear on 3-D input is addmm and a view: the
         view alone consumes addmm's output). One that passes no gradient back (ones_like, the seed of
         loss.backward(); detach; item()) hooks nothing: the loss it reads keeps no gradient."""
-        self._last_sequence = self._next_sequence()
+        sequence = self._next_sequence()
+        if sequence != self._last_sequence and not self._grad_enabled():
+            self._in_function(sequence)
+        self._last_sequence = sequence
         if consumes and self._grad_wanted:
             self._hook_inputs(args)
 
@@ -581,14 +737,16 @@ class Tracer:
         if self.is_busy():
             return out
         if not op:                                    # skipped (None: a view or a copy)
-            if self._current_node() is None:
+            if self._replaying or self._current_node() is None:
                 self._pass_on(args, op is None)
             return out
         outputs = _float_outputs(out, self._tensor)
         if not outputs:
             return out
         node = self._current_node()
-        if node is None:
+        if node is None or self._replaying:          # (replaying: a forward recomputed in backward)
+            if node is not None and self._recompute is not None:
+                return out                            # (a non-reentrant checkpoint's recomputation, in a replay)
             if len(outputs) > 1:
                 outputs = _low_precision_outputs(func, args, kwargs, outputs)
                 if not outputs:
@@ -598,11 +756,14 @@ class Tracer:
             if site is None:
                 site = self._sites[(module, op)] = Site(module, op)
             sequence = self._next_sequence()
-            if sequence != self._last_sequence:      # this op made an autograd node: remember it
-                self._last_sequence = sequence
-                if len(self._nodes) >= MAX_NODES:
-                    self.forget_graph()
-                self._nodes[sequence - 1] = site
+            if sequence != self._last_sequence:      # an autograd node was made: by this op, if grad is on
+                if not self._grad_enabled():         # (else an autograd Function's, whose forward this op is in)
+                    self._in_function(sequence)
+                else:
+                    self._last_sequence = sequence
+                    if len(self._nodes) >= MAX_NODES:
+                        self.forget_graph()
+                    self._nodes[sequence - 1] = site
             if self._grad_wanted:
                 self._hook_inputs(args)
             handler = self.client.forward_op
@@ -646,34 +807,91 @@ def _steps_aside_in_backward(tracer, on: bool) -> None:
 
 
 def _run_backward_aside(*args, **kwargs):
-    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top), and
-    each enlisted tracer told when it ends (Tracer.backward_done). torch.compile's own engine runs (AOTAutograd
-    tracing a backward graph on fake tensors, on a compile that misses its cache) are not the run's: they pass."""
+    """torch.autograd's engine call, with the enlisted tracers' modes popped while it runs (those on top, inert ones
+    for good), and each enlisted tracer told when a backward pass of the run ends (Tracer.backward_done): not when
+    the call is nested inside another backward pass (a reentrant checkpoint's). torch.compile's own engine runs
+    (AOTAutograd tracing a backward graph on fake tensors, on a compile that misses its cache) are not the run's:
+    they pass."""
     import torch
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     if torch.compiler.is_compiling():
         return _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
+    outermost = torch._C._current_graph_task_id() == -1
+    for tracer in _BACKWARD_ASIDE:           # a reentrant checkpoint's backward call: its recomputation ended
+        if tracer._replaying:
+            tracer._end_replay(args[0] if args else kwargs.get("t_outputs", ()))
     popped = []
-    for tracer in reversed(_BACKWARD_ASIDE):
-        mode = tracer._mode
-        if mode is None:
+    while True:
+        mode = _top_mode()
+        if _MODE_CLASS is None or not isinstance(mode, _MODE_CLASS):
+            break
+        tracer = mode.tracer
+        if tracer is _PASS_THROUGH:
+            _drop(mode)
             continue
-        if _get_current_dispatch_mode() is not mode:
+        if tracer._backward_wanted or tracer._mode is not mode:
             break
         mode.__exit__(None, None, None)
+        popped.append((tracer, mode, tracer._aside))
         tracer._aside = True
-        popped.append((tracer, mode))
     try:
         result = _ENGINE_RUN_BACKWARD[0](*args, **kwargs)
-        for tracer in list(_BACKWARD_ASIDE):    # (before the modes are back: the clients' work is not the run's)
-            tracer.backward_done()
+        if outermost:
+            _end_replays()
+            for tracer in list(_BACKWARD_ASIDE):    # (before the modes are back: the clients' work is not the run's)
+                tracer.backward_done()
         return result
     finally:
-        for tracer, mode in reversed(popped):
-            tracer._aside = False
+        if outermost:
+            _end_replays()
+        for tracer, mode, aside in reversed(popped):
+            tracer._aside = aside
             if tracer._mode is mode:       # not switched off meanwhile
                 mode.__enter__()
+
+
+def _end_replays() -> None:
+    """End the replays still open when a backward pass ends (a Function that recomputed its forward without a
+    backward call of its own)."""
+    for tracer in _BACKWARD_ASIDE:
+        tracer._end_replay()
+
+
+def _top_mode():
+    """The dispatch mode on top of torch's stack (None: none)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def _drop_inert_modes() -> None:
+    """Pop every inert tracer mode on top of torch's stack (a mode goes inert when its tracer stops intercepting
+    while another mode sits above it: paused, or for good once the tracer closed)."""
+    if _MODE_CLASS is None:
+        return
+    while True:
+        mode = _top_mode()
+        if not isinstance(mode, _MODE_CLASS) or mode.tracer is not _PASS_THROUGH:
+            return
+        _drop(mode)
+
+
+def _drop(mode) -> None:
+    """Pop an inert mode that is on top of torch's stack; a paused tracer whose mode it was pushes a new one when
+    interception resumes."""
+    mode.__exit__(None, None, None)
+    owner = mode.owner
+    if owner is not None and owner._mode is mode:
+        owner._mode = None
+
+
+def _under_recomputation_hooks() -> bool:
+    """Whether torch's non-reentrant checkpoint is recomputing a forward (its saved-tensor hooks are on top)."""
+    import torch
+
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(True) if top is not None else None
+    return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_recomputation_hook.")
 
 
 class _Busy:
@@ -697,19 +915,7 @@ class _Busy:
 
 
 class _PassThrough:
-    """What a mode that could not be popped hands its ops to: nothing."""
-
-    class _Client:
-        def forward_op(self, site, outputs):
-            return None
-
-        backward_op = output_grad = forward_op
-
-        def module_output(self, name, module, output):
-            return None
-
-    def __init__(self):
-        self.client = self._Client()
+    """What an inert mode (one that could not be popped) hands its ops to: nothing."""
 
     def _on_op(self, func, out, args=(), kwargs=None):
         return out

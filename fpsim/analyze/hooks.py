@@ -483,7 +483,7 @@ class Watcher:
         try:
             import torch
 
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or not self._tracer.module_grad():
                 return None
             if site.module == OUTSIDE and not self._forward_since_step:
                 return None                       # before the model ran: data preparation, not training

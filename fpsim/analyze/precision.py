@@ -1,16 +1,19 @@
 """The precision a run really uses: autocast per op (from the dtypes the ops ran in) and every GradScaler.
 
 While a watch runs, `torch.amp.GradScaler.scale`, `unscale_`, `step` and
-`update` are wrapped (on the class, so every scaler and subclass is seen, and
-put back when the watch closes); the scaler's own arithmetic is not counted. `scale()` tells the watch that this step's backward
-tensors are multiplied by the scaler's scale (a device tensor: the watch
-divides by it when counting, with no host read); `update()` records the
-scale the step used and whether the scaler skipped it (found Inf/NaN), read
-after GradScaler.step has already synchronised on the same flags.
+`update` are wrapped (on the class, so every scaler and subclass is seen; once
+for all open watches, and put back when the last one closes, in whatever order
+they close); the scaler's own arithmetic is not counted. `scale()` tells the
+watch that this step's backward tensors are multiplied by the scaler's scale (a
+device tensor: the watch divides by it when counting, with no host read);
+`update()` records the scale the step used and whether the scaler skipped it
+(found Inf/NaN), read after GradScaler.step has already synchronised on the
+same flags.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 MAX_RECORDED_STEPS = 10000
@@ -52,47 +55,19 @@ class ScalerRecord:
 
 
 class ScalerWatch:
-    """Wraps GradScaler's methods for one watcher; `restore()` puts the originals back."""
+    """GradScaler's methods observed for one watcher, from its creation until `restore()`.
+
+    The wrappers on the class are installed once, whatever the number of watches open, and hand every call
+    to each open watch; the last watch to restore puts torch's own methods back, in whatever order the
+    watches close (two framework callbacks close in the order they were opened).
+    """
 
     def __init__(self, watcher):
-        import torch
-
         self._watcher = weakref.ref(watcher)
         self.records: dict = {}          # id(scaler) -> ScalerRecord
         self._refs: dict = {}            # id(scaler) -> weakref (ids of dead scalers are not reused for them)
-        cls = torch.amp.GradScaler
-        self._cls = cls
-        self._originals = {name: cls.__dict__[name] for name in ("scale", "unscale_", "step", "update")}
-        watch = self
-
-        def quietly(name):
-            """The original method, run with op observation paused: the scaler's own arithmetic is not the model's."""
-            original = watch._originals[name]
-
-            def method(scaler, *args, **kwargs):
-                w = watch._watcher()
-                if w is None:
-                    return original(scaler, *args, **kwargs)
-                with w._tracer.busy():
-                    return original(scaler, *args, **kwargs)
-            return method
-
-        plain = {name: quietly(name) for name in self._originals}
-
-        def scale(scaler, outputs):
-            result = plain["scale"](scaler, outputs)
-            w = watch._watcher()
-            if w is not None and scaler.is_enabled():
-                w._on_scale(scaler)
-            return result
-
-        def update(scaler, new_scale=None):
-            w = watch._watcher()
-            if w is not None:
-                watch.observe_update(w, scaler)
-            return plain["update"](scaler, new_scale)
-
-        cls.scale, cls.unscale_, cls.step, cls.update = scale, plain["unscale_"], plain["step"], update
+        _WATCHES.append(self)
+        _install()
 
     def observe_update(self, watcher, scaler) -> None:
         """Tell `watcher` the scale this step used and whether the scaler skipped it (what update() is about to
@@ -120,8 +95,88 @@ class ScalerWatch:
         return self.records[key]
 
     def restore(self) -> None:
-        for name, fn in self._originals.items():
-            setattr(self._cls, name, fn)
+        """Stop observing (idempotent); torch's own methods are back once no watch observes."""
+        if self in _WATCHES:
+            _WATCHES.remove(self)
+            if not _WATCHES:
+                _uninstall()
+
+
+_METHODS = ("scale", "unscale_", "step", "update")
+_WATCHES: list = []
+"""The ScalerWatch of every open watch, in the order they started."""
+_ORIGINALS: dict = {}
+"""GradScaler's own methods, while fpsim's wrappers are installed (name -> function)."""
+
+
+def _open_watches() -> list:
+    """(ScalerWatch, watcher) of every open watch whose watcher is alive."""
+    pairs = [(watch, watch._watcher()) for watch in _WATCHES]
+    return [(watch, w) for watch, w in pairs if w is not None]
+
+
+def _quietly(name: str, scaler, args, kwargs, watches):
+    """GradScaler's own method, run with every watch's op observation paused: the scaler's arithmetic is not the
+    model's."""
+    with contextlib.ExitStack() as stack:
+        for _, w in watches:
+            stack.enter_context(w._tracer.busy())
+        return _ORIGINALS[name](scaler, *args, **kwargs)
+
+
+def _scale(scaler, *args, **kwargs):
+    watches = _open_watches()
+    result = _quietly("scale", scaler, args, kwargs, watches)
+    if watches and scaler.is_enabled():
+        for _, w in watches:
+            w._on_scale(scaler)
+    return result
+
+
+def _unscale_(scaler, *args, **kwargs):
+    return _quietly("unscale_", scaler, args, kwargs, _open_watches())
+
+
+def _step(scaler, *args, **kwargs):
+    return _quietly("step", scaler, args, kwargs, _open_watches())
+
+
+def _update(scaler, *args, **kwargs):
+    watches = _open_watches()
+    for watch, w in watches:
+        watch.observe_update(w, scaler)
+    return _quietly("update", scaler, args, kwargs, watches)
+
+
+_WRAPPERS = {"scale": _scale, "unscale_": _unscale_, "step": _step, "update": _update}
+
+
+def _install() -> None:
+    """Put the wrappers on torch.amp.GradScaler (on the class: every scaler and subclass is seen), once."""
+    import torch
+
+    if _ORIGINALS:      # installed (or still inside a wrapper someone put over ours: it passes every call on)
+        return
+    cls = torch.amp.GradScaler
+    _ORIGINALS.update({name: cls.__dict__[name] for name in _METHODS})
+    for name in _METHODS:
+        setattr(cls, name, _WRAPPERS[name])
+
+
+def _uninstall() -> None:
+    """Put torch's own methods back. A method someone wrapped again after fpsim keeps that wrapper, which calls
+    fpsim's, which (no watch open) only calls torch's."""
+    import torch
+
+    cls = torch.amp.GradScaler
+    left = False
+    for name in _METHODS:
+        if cls.__dict__.get(name) is _WRAPPERS[name]:
+            setattr(cls, name, _ORIGINALS[name])
+        else:
+            left = True
+    if not left:
+        _ORIGINALS.clear()
 
 
 def inverse_scale(scaler):

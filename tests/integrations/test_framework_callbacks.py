@@ -142,11 +142,11 @@ def test_tensorboard_steps_of_a_resumed_fit_are_the_trainers(tmp_path):
     assert [e.step for e in events.Scalars("verdict/fp16/net.0")] == [6, 8]
 
 
-def training_args(folder, steps=4):
+def training_args(folder, steps=4, **options):
     return transformers.TrainingArguments(output_dir=str(folder), max_steps=steps, per_device_train_batch_size=4,
                                           learning_rate=1e-3, report_to=[], save_strategy="no",
                                           logging_strategy="no", use_cpu=True, dataloader_num_workers=0, seed=0,
-                                          disable_tqdm=True)
+                                          disable_tqdm=True, **options)
 
 
 def test_trainer_callback_writes_the_report_of_a_tiny_gpt2(tmp_path):
@@ -201,3 +201,60 @@ def test_trainer_callback_writes_the_report_when_training_raises(tmp_path):
     steps = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
     run = json.loads((tmp_path / "report" / "report.json").read_text())["run"]
     assert run["status"] == "error" and "boom after step 2" in run["error"] and run["steps"] == steps[-1] == 2
+
+
+def counted(report) -> dict:
+    """Every layer's and op's counts and verdicts in a callback's report, and the dtypes its ops ran in."""
+    data = report.to_dict()
+    return {"layers": {e["name"]: json.dumps(e, sort_keys=True) for e in data["layers"]},
+            "ops": {e["name"]: json.dumps(e, sort_keys=True) for e in data["ops"]},
+            "precision": data["run"]["precision"]}
+
+
+def hf_fit(tmp_path, callbacks, **options):
+    model = tiny_gpt2()
+    args = training_args(tmp_path / "hf", **options)
+    transformers.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=list(callbacks)).train()
+    return model
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_trainer_callback_counts_a_gradient_checkpointed_gpt2_as_the_same_run_without_checkpointing(tmp_path,
+                                                                                                   reentrant):
+    # transformers checkpoints each block's forward (its module hooks outside), reentrant by default: the blocks'
+    # ops ran without grad and were recomputed inside the checkpoint's own backward call, and were all missing
+    plain = TrainerCallback(out=None, formats=("fp16", "bf16"))
+    hf_fit(tmp_path, [plain])
+    callback = TrainerCallback(out=None, formats=("fp16", "bf16"))
+    model = hf_fit(tmp_path, [callback], gradient_checkpointing=True,
+                   gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    twin = hf_fit(tmp_path, [], gradient_checkpointing=True,
+                  gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    assert counted(callback.report) == counted(plain.report)
+    assert "transformer.h.1.mlp.act:pow" in counted(callback.report)["ops"]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+def test_two_callbacks_in_one_trainer_leave_nothing_of_fpsim_in_torch(tmp_path):
+    # each trainer closes its callbacks' watches in the order they were opened; the first one's dispatch mode
+    # stayed on torch's stack, and GradScaler kept the wrappers of the first one closed
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    scaler_methods = {name: torch.amp.GradScaler.__dict__[name] for name in ("scale", "unscale_", "step", "update")}
+    alone = LightningCallback(out=None, formats=("fp16",))
+    torch.manual_seed(0)
+    lightning_fit(LitRegressor(), [alone], precision="bf16-mixed")
+    first, second = LightningCallback(out=None, formats=("fp16",)), LightningCallback(out=None, formats=("fp16",))
+    torch.manual_seed(0)
+    lightning_fit(LitRegressor(), [first, second], precision="bf16-mixed")
+    assert _get_current_dispatch_mode_stack() == []
+    assert {name: torch.amp.GradScaler.__dict__[name] for name in scaler_methods} == scaler_methods
+    assert counted(first.report) == counted(second.report) == counted(alone.report)
+
+    hf_alone = TrainerCallback(out=None, formats=("fp16",))
+    hf_fit(tmp_path, [hf_alone])
+    hf_first, hf_second = TrainerCallback(out=None, formats=("fp16",)), TrainerCallback(out=None, formats=("fp16",))
+    hf_fit(tmp_path, [hf_first, hf_second])
+    assert _get_current_dispatch_mode_stack() == []
+    assert {name: torch.amp.GradScaler.__dict__[name] for name in scaler_methods} == scaler_methods
+    assert counted(hf_first.report) == counted(hf_second.report) == counted(hf_alone.report)
