@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import plots
-from ..formats import format as get_format
 from .histogram import E_LO, N_BINS
 from .store import GRADIENT_KINDS, KINDS
 
@@ -31,18 +30,13 @@ def _limits(report, formats) -> list:
     report lacks is refused. Names and aliases both work ("float16" is fp16)."""
     if formats is None:
         return list(report.limits)
-    names = [lim.name for lim in report.limits]
     wanted = set()
     for given in [formats] if isinstance(formats, str) else formats:
-        name = given
-        if name not in names:
-            try:
-                name = get_format(given).name
-            except (TypeError, ValueError):
-                pass
-        if name not in names:
-            raise ValueError(f"formats: the report has no format {given!r}; allowed: {', '.join(names)}")
-        wanted.add(name)
+        try:
+            wanted.add(report.format_name(given))       # (names and aliases: Report.format_name)
+        except KeyError:
+            raise ValueError(f"formats: the report has no format {given!r}; allowed: "
+                             f"{', '.join(report.formats)}") from None
     return [lim for lim in report.limits if lim.name in wanted]
 
 
