@@ -80,13 +80,13 @@ for step in range(6):
 """
 
 
-def _torchrun(tmp_path, *options):
+def _torchrun(tmp_path, *options, script_text=TORCHRUN_SCRIPT):
     """`torchrun --standalone --nproc_per_node 2 -m fpsim analyze OPTIONS train.py` in tmp_path: the run."""
     import subprocess
     import sys
 
     script = tmp_path / "train.py"
-    script.write_text(TORCHRUN_SCRIPT)
+    script.write_text(script_text)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "fpsim", "analyze", "--out", str(tmp_path / "out"), "--quiet", *options,
                            str(script)],
@@ -112,7 +112,9 @@ def test_fpsim_analyze_under_torchrun_succeeds_on_every_rank(tmp_path):
 def test_an_emulated_run_under_torchrun_runs_on_every_rank_and_rank_0_writes(tmp_path):
     """--emulate runs the script on both ranks (its DDP all-reduces need them), and rank 0 alone writes and
     prints its losses (before, both ranks wrote the same file and printed)."""
-    run = _torchrun(tmp_path, "--emulate", "bf16")
+    # (the script ends its process group, as torch asks: a gloo group left to the interpreter's exit aborted a
+    # rank now and then, "terminate called without an active exception", 1 run in 2 fresh suites)
+    run = _torchrun(tmp_path, "--emulate", "bf16", script_text=TORCHRUN_SCRIPT + "dist.destroy_process_group()\n")
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("losses written to") == 1
     runs = json.loads((tmp_path / "out" / "emulation.json").read_text())["runs"]
